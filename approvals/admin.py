@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from approvals import services
+from approvals.models import (
+    Approval,
+    AuditEvent,
+    Command,
+    Epoch,
+    Membership,
+    Occurrence,
+    Proposal,
+    RuntimeKey,
+    Tenant,
+    ToolContract,
+)
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+
+
+@admin.register(RuntimeKey)
+class RuntimeKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "prefix", "is_active", "created_at"]
+    list_filter = ["is_active", "tenant"]
+    # Keys are created with `manage.py create_runtime_key`, which shows the raw key once.
+    readonly_fields = ["tenant", "key_hash", "prefix", "created_at"]
+    fields = ["tenant", "name", "prefix", "is_active", "key_hash", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(ToolContract)
+class ToolContractAdmin(admin.ModelAdmin):
+    list_display = ["name", "replay_safety", "risk", "auto_admit", "approvals_required"]
+    list_filter = ["replay_safety", "risk"]
+
+
+class ProposalInline(admin.TabularInline):
+    model = Proposal
+    extra = 0
+    can_delete = False
+    fields = ["version", "action_digest", "is_current", "canonical_action", "created_at"]
+    readonly_fields = fields
+
+
+@admin.register(Occurrence)
+class OccurrenceAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "tool", "status", "run_id", "requested_by", "created_at"]
+    list_filter = ["status", "tool", "tenant"]
+    search_fields = ["id", "run_id", "client_ref"]
+    inlines = [ProposalInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [f.name for f in Occurrence._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(Approval)
+class ApprovalAdmin(admin.ModelAdmin):
+    list_display = ["fingerprint", "tenant", "tool_name", "approver", "state", "expires_at"]
+    list_filter = ["state", "tenant", "tool_name"]
+    search_fields = ["fingerprint"]
+    exclude = ["token_hash"]
+    actions = ["revoke_selected"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [f.name for f in Approval._meta.fields if f.name != "token_hash"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected approvals (kill switch)")
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        count = services.approvals_revoke(
+            approvals=queryset,
+            actor=str(request.user.get_username()),
+            reason="Revoked from the Django admin.",
+        )
+        self.message_user(request, f"Revoked {count} approval(s).", messages.SUCCESS)
+
+
+@admin.register(Command)
+class CommandAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "execution_id", "idempotency_key", "state", "created_at"]
+    list_filter = ["state", "tenant"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [f.name for f in Command._meta.fields]
+
+
+@admin.register(Epoch)
+class EpochAdmin(admin.ModelAdmin):
+    list_display = ["occurrence", "number", "execution_id", "justification", "created_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [f.name for f in Epoch._meta.fields]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["id", "kind", "tenant", "decision", "reason_code", "actor", "source_time"]
+    list_filter = ["kind", "decision", "tenant"]
+    search_fields = ["event_id", "execution_id", "token_fingerprint", "trace_id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

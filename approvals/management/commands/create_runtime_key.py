@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from approvals import services
+from approvals.models import RuntimeKey, Tenant
+
+
+class Command(BaseCommand):
+    help = "Create a runtime key for an agent runtime. The key is printed once, as the last line."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("name")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant = Tenant.objects.filter(slug=options["slug"]).first()
+        if tenant is None:
+            raise CommandError(f"No tenant {options['slug']!r}.")
+        if RuntimeKey.objects.filter(tenant=tenant, name=options["name"]).exists():
+            raise CommandError(f"Tenant {tenant.slug} already has a key named {options['name']!r}.")
+        key, raw = services.runtime_key_create(tenant=tenant, name=options["name"])
+        self.stderr.write(f"Runtime key {key.name} for {tenant.slug}; it is shown only now:")
+        self.stdout.write(raw)

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
+
+from approvals import services
+from approvals.models import Membership, Tenant
+
+DEMO_USERS = [
+    ("reviewer", "reviewer-demo", [Membership.Role.REVIEWER]),
+    ("reviewer2", "reviewer2-demo", [Membership.Role.REVIEWER]),
+    ("operator", "operator-demo", [Membership.Role.OPERATOR]),
+    ("admin", "admin-demo", [Membership.Role.ADMIN, Membership.Role.REVIEWER]),
+]
+
+DEMO_PROPOSALS: list[dict[str, Any]] = [
+    {
+        "tool": "issue_refund",
+        "arguments": {
+            "payment_id": "pay_8Hq2LmX",
+            "amount_minor": 8000,
+            "currency": "EUR",
+            "reason": "Order 1042 arrived damaged",
+        },
+        "run_id": "run-support-1042",
+        "reason": "Customer sent photos of the damaged parcel; policy allows a full refund.",
+        "requested_by": "alice",
+        "client_ref": "demo-refund-1042",
+    },
+    {
+        "tool": "issue_refund",
+        "arguments": {
+            "payment_id": "pay_Zt91kPq",
+            "amount_minor": 129900,
+            "currency": "USD",
+            "reason": "Duplicate charge on annual plan",
+        },
+        "run_id": "run-billing-77",
+        "reason": "The annual plan was charged twice on the same day.",
+        "requested_by": "bob",
+        "client_ref": "demo-refund-77",
+    },
+    {
+        "tool": "send_message",
+        "arguments": {
+            "to": "dana@example.com",
+            "subject": "Your refund is on its way",
+            "body": "Hi Dana,\n\nWe refunded EUR 80.00 to your card. It takes 3-5 days to appear.\n",
+        },
+        "run_id": "run-support-1042",
+        "reason": "Tell the customer about the refund.",
+        "requested_by": "alice",
+        "client_ref": "demo-message-1042",
+    },
+    {
+        "tool": "lookup_order",
+        "arguments": {"order_id": "1042"},
+        "run_id": "run-support-1042",
+        "reason": "Check the order before refunding.",
+        "requested_by": "alice",
+        "client_ref": "demo-lookup-1042",
+    },
+]
+
+
+class Command(BaseCommand):
+    help = "Create the demo tenant, its people, a runtime key and a few pending proposals."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", default="demo")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant, _ = Tenant.objects.get_or_create(
+            slug=options["tenant"], defaults={"name": "Demo Shop"}
+        )
+        User = get_user_model()
+        for username, password, roles in DEMO_USERS:
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                user = User.objects.create_user(username=username, password=password)
+            if username == "admin":
+                user.is_staff = user.is_superuser = True
+                user.save(update_fields=["is_staff", "is_superuser"])
+            for role in roles:
+                Membership.objects.get_or_create(user=user, tenant=tenant, role=role)
+
+        # The raw key is only known when it is created, so every run makes a fresh one.
+        name = "demo-runtime-" + timezone.now().strftime("%Y%m%d%H%M%S")
+        key, raw = services.runtime_key_create(tenant=tenant, name=name)
+        for proposal in DEMO_PROPOSALS:
+            services.occurrence_propose(runtime_key=key, **proposal)
+
+        self.stdout.write(f"Demo tenant: {tenant.slug}")
+        self.stdout.write("Sign in at http://127.0.0.1:8000/accounts/login/ as:")
+        for username, password, roles in DEMO_USERS:
+            self.stdout.write(f"  {username:<10} password {password:<16} ({', '.join(roles)})")
+        self.stdout.write("Runtime key for the agent API (shown only now):")
+        self.stdout.write(f"  export KEY={raw}")

@@ -1,0 +1,28 @@
+"""Secrets: minted from ``secrets``, stored only as SHA-256, compared in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+APPROVAL_TOKEN_PREFIX = "apv_"
+RUNTIME_KEY_PREFIX = "rk_"
+
+
+def mint(prefix: str) -> str:
+    # 32 random bytes: 256 bits of entropy, URL-safe.
+    return prefix + secrets.token_urlsafe(32)
+
+
+def hash_secret(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def fingerprint(raw: str) -> str:
+    """A short one-way name for a token, safe to print in logs and on pages."""
+    return hashlib.sha256(b"fingerprint:" + raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def hashes_match(stored_hash: str, raw: str) -> bool:
+    return hmac.compare_digest(stored_hash, hash_secret(raw))

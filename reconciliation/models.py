@@ -1,0 +1,1 @@
+# Effect evidence, interruptions and operator actions arrive with the execution issue.

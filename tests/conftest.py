@@ -1,0 +1,140 @@
+"""Shared fixtures: tenants, people with roles, runtime keys, and an API client per key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from approvals import services
+from approvals.models import Membership, Occurrence, RuntimeKey, Tenant
+
+PASSWORD = "correct-horse-battery"
+
+REFUND_ARGS: dict[str, Any] = {
+    "payment_id": "pay_123",
+    "amount_minor": 8000,
+    "currency": "EUR",
+    "reason": "Damaged parcel",
+}
+
+
+@dataclass
+class Runtime:
+    """An agent runtime: its key and an HTTP client that sends it."""
+
+    key: RuntimeKey
+    raw_key: str
+    client: Client
+
+    def post(self, path: str, body: Any = None, **extra: Any) -> Any:
+        data = b"" if body is None else json.dumps(body)
+        return self.client.post(path, data, content_type="application/json", **extra)
+
+    def get(self, path: str, **extra: Any) -> Any:
+        return self.client.get(path, **extra)
+
+    def propose(self, tool: str = "issue_refund", arguments: dict[str, Any] | None = None,
+                **fields: Any) -> Any:
+        body = {
+            "tool": tool,
+            "arguments": dict(REFUND_ARGS) if arguments is None else arguments,
+            "run_id": "run-1",
+            "reason": "The customer asked for it.",
+            **fields,
+        }
+        return self.post("/api/v1/occurrences", body)
+
+    def token(self, occurrence_id: str) -> Any:
+        return self.post(f"/api/v1/occurrences/{occurrence_id}/token")
+
+    def claim(self, token: str, execution_id: str, tool: str = "issue_refund",
+              arguments: dict[str, Any] | None = None, **fields: Any) -> Any:
+        body = {
+            "token": token,
+            "action": {"tool": tool, "arguments": dict(REFUND_ARGS) if arguments is None else arguments},
+            "execution_id": execution_id,
+            **fields,
+        }
+        return self.post("/api/v1/claims", body)
+
+
+def make_user(username: str, tenant: Tenant | None = None, *roles: str) -> Any:
+    user = get_user_model().objects.create_user(username=username, password=PASSWORD)
+    for role in roles:
+        Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+def make_runtime(tenant: Tenant, name: str = "agent") -> Runtime:
+    key, raw = services.runtime_key_create(tenant=tenant, name=name)
+    return Runtime(key=key, raw_key=raw, client=Client(HTTP_AUTHORIZATION=f"Bearer {raw}"))
+
+
+@pytest.fixture
+def tenant(db: Any) -> Tenant:
+    return services.tenant_create(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def other_tenant(db: Any) -> Tenant:
+    return services.tenant_create(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def reviewer(tenant: Tenant) -> Any:
+    return make_user("rita", tenant, Membership.Role.REVIEWER)
+
+
+@pytest.fixture
+def second_reviewer(tenant: Tenant) -> Any:
+    return make_user("ravi", tenant, Membership.Role.REVIEWER)
+
+
+@pytest.fixture
+def operator(tenant: Tenant) -> Any:
+    return make_user("otto", tenant, Membership.Role.OPERATOR)
+
+
+@pytest.fixture
+def admin_user(tenant: Tenant) -> Any:
+    return make_user("ada", tenant, Membership.Role.ADMIN)
+
+
+@pytest.fixture
+def runtime(tenant: Tenant) -> Runtime:
+    return make_runtime(tenant)
+
+
+@pytest.fixture
+def other_runtime(other_tenant: Tenant) -> Runtime:
+    return make_runtime(other_tenant, "other-agent")
+
+
+def approve(occurrence_id: str, reviewer: Any) -> services.ApproveOutcome:
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    digest = occurrence.proposals.get(is_current=True).action_digest
+    return services.occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
+
+
+@pytest.fixture
+def approved(runtime: Runtime, reviewer: Any) -> str:
+    """An approved refund's occurrence id (token not yet picked up)."""
+    response = runtime.propose()
+    assert response.status_code == 201, response.content
+    occurrence_id: str = response.json()["occurrence_id"]
+    assert approve(occurrence_id, reviewer).issued
+    return occurrence_id
+
+
+@pytest.fixture
+def token(runtime: Runtime, approved: str) -> str:
+    """The raw token of an approved refund, picked up once."""
+    response = runtime.token(approved)
+    assert response.status_code == 200, response.content
+    value: str = response.json()["token"]
+    return value
