@@ -53,7 +53,7 @@ class ProposalInline(admin.TabularInline):
     model = Proposal
     extra = 0
     can_delete = False
-    fields = ["version", "action_digest", "is_current", "canonical_action", "created_at"]
+    fields = ("version", "action_digest", "is_current", "canonical_action", "created_at")
     readonly_fields = fields
 
 

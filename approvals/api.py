@@ -14,7 +14,7 @@ from typing import Any, Literal
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import Field, NinjaAPI, Query, Schema
+from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
@@ -127,7 +127,9 @@ _VALIDATION_CODES = {
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     details = []
     for error in exc.errors:
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "payload")]
+        loc = [
+            str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "payload")
+        ]
         details.append(
             {
                 "field": ".".join(loc) or "body",
@@ -274,7 +276,7 @@ def _proposal_out(occurrence: Occurrence) -> dict[str, Any]:
     response={200: ProposeOut, 201: ProposeOut, 409: ErrorOut, 422: ErrorOut},
     summary="Propose a tool call for review",
 )
-def propose(request: HttpRequest, payload: ProposeIn) -> tuple[int, dict[str, Any]]:
+def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
     occurrence, created = services.occurrence_propose(
         runtime_key=_key(request),
         tool=payload.tool,
@@ -290,7 +292,7 @@ def propose(request: HttpRequest, payload: ProposeIn) -> tuple[int, dict[str, An
         "status": occurrence.status,
         "proposal": _proposal_out(occurrence),
     }
-    return (201 if created else 200), body
+    return Status(201 if created else 200, body)
 
 
 def _get_occurrence(request: HttpRequest, occurrence_id: str) -> Occurrence:
@@ -350,7 +352,9 @@ def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any
     }
 
 
-@api.post("/occurrences/{occurrence_id}/token", response={200: TokenOut, 404: ErrorOut, 409: ErrorOut})
+@api.post(
+    "/occurrences/{occurrence_id}/token", response={200: TokenOut, 404: ErrorOut, 409: ErrorOut}
+)
 def token_pickup(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
     """Hand out the approval's token once. Later calls get 409 token_already_delivered."""
     occurrence = _get_occurrence(request, occurrence_id)
@@ -363,7 +367,7 @@ def token_pickup(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
 
 
 @api.post("/claims", response={200: ClaimOut, 403: ClaimRefusedOut, 422: ErrorOut})
-def claim(request: HttpRequest, payload: ClaimIn) -> tuple[int, dict[str, Any]]:
+def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
     result = services.approval_claim(
         tenant=_key(request).tenant,
         token=payload.token,
@@ -373,12 +377,15 @@ def claim(request: HttpRequest, payload: ClaimIn) -> tuple[int, dict[str, Any]]:
         message_id=payload.message_id or "",
     )
     if result.command is not None:
-        return 200, {
-            "decision": result.decision,
-            "command_id": str(result.command.id),
-            "idempotency_key": result.command.idempotency_key,
-        }
-    return 403, {"decision": result.decision, "reason": result.reason}
+        return Status(
+            200,
+            {
+                "decision": result.decision,
+                "command_id": str(result.command.id),
+                "idempotency_key": result.command.idempotency_key,
+            },
+        )
+    return Status(403, {"decision": result.decision, "reason": result.reason})
 
 
 def _audit_line(event: AuditEvent) -> str:

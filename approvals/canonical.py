@@ -152,11 +152,17 @@ def _error_detail(error: Any) -> dict[str, Any]:
         known = set(error.schema.get("properties", {}))
         extra = sorted(k for k in error.instance if k not in known)
         fieldname = ".".join(filter(None, [path, extra[0] if extra else ""]))
-    elif error.validator == "type" and error.validator_value == "integer":
-        if isinstance(error.instance, float):
-            code = "float_not_allowed"
-    return {"field": f"arguments.{fieldname}" if fieldname else "arguments", "code": code,
-            "message": error.message}
+    elif (
+        error.validator == "type"
+        and error.validator_value == "integer"
+        and isinstance(error.instance, float)
+    ):
+        code = "float_not_allowed"
+    return {
+        "field": f"arguments.{fieldname}" if fieldname else "arguments",
+        "code": code,
+        "message": error.message,
+    }
 
 
 def validate_arguments(schema: dict[str, Any], arguments: Any) -> None:
@@ -189,7 +195,9 @@ def canonicalize(tool: str, arguments: Any) -> CanonicalAction:
             "integer_out_of_range", "An integer is beyond the range JSON can carry exactly."
         ) from None
     except (rfc8785.FloatDomainError, rfc8785.CanonicalizationError) as exc:
-        raise InputError("not_canonicalizable", f"The action cannot be canonicalized: {exc}") from None
+        raise InputError(
+            "not_canonicalizable", f"The action cannot be canonicalized: {exc}"
+        ) from None
     return CanonicalAction(canonical=data.decode("utf-8"), digest=hashlib.sha256(data).hexdigest())
 
 

@@ -43,7 +43,8 @@ class Membership(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "tenant", "role"], name="membership_unique"),
             models.CheckConstraint(
-                condition=Q(role__in=["reviewer", "operator", "admin"]), name="membership_role_valid"
+                condition=Q(role__in=["reviewer", "operator", "admin"]),
+                name="membership_role_valid",
             ),
         ]
 
@@ -93,11 +94,12 @@ class ToolContract(models.Model):
     adapter = models.CharField(max_length=100, blank=True)
     auto_admit = models.BooleanField(
         default=False,
-        help_text="Admit calls without review by policy. Only read-only tools may be auto-admitted.",
+        help_text="Admit calls by policy, without review. Only for read-only tools.",
     )
     approval_lifetime = models.DurationField(default=timedelta(minutes=15))
     approvals_required = models.PositiveSmallIntegerField(
-        default=1, help_text="Distinct approvers needed (above the quorum threshold, if one is set)."
+        default=1,
+        help_text="Distinct approvers needed (above the quorum threshold, if one is set).",
     )
     quorum_amount_argument = models.CharField(
         max_length=100,
@@ -138,7 +140,7 @@ class ToolContract(models.Model):
             raise ValidationError({"auto_admit": "Only read-only tools may be auto-admitted."})
         if bool(self.quorum_amount_argument) != (self.quorum_threshold_minor is not None):
             raise ValidationError(
-                {"quorum_threshold_minor": "Set both the amount argument and the threshold, or neither."}
+                {"quorum_threshold_minor": "Set the amount argument and the threshold together."}
             )
 
     def approvals_needed(self, arguments: dict[str, Any]) -> int:
@@ -212,7 +214,9 @@ class Proposal(models.Model):
     class Meta:
         ordering = ["occurrence", "version"]
         constraints = [
-            models.UniqueConstraint(fields=["occurrence", "version"], name="proposal_version_unique"),
+            models.UniqueConstraint(
+                fields=["occurrence", "version"], name="proposal_version_unique"
+            ),
             models.UniqueConstraint(
                 fields=["occurrence"], condition=Q(is_current=True), name="proposal_one_current"
             ),
@@ -226,7 +230,9 @@ class ApprovalVote(models.Model):
     """One reviewer's approval of one proposal version; a quorum counts distinct voters."""
 
     proposal = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="votes")
-    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
     seen_digest = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -235,6 +241,9 @@ class ApprovalVote(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["proposal", "reviewer"], name="vote_one_per_reviewer"),
         ]
+
+    def __str__(self) -> str:
+        return f"vote by {self.reviewer_id} on {self.proposal_id}"
 
 
 class Approval(models.Model):
@@ -253,7 +262,9 @@ class Approval(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="approvals")
     occurrence = models.ForeignKey(Occurrence, on_delete=models.PROTECT, related_name="approvals")
     proposal = models.OneToOneField(Proposal, on_delete=models.PROTECT, related_name="approval")
-    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
     tool_name = models.CharField(max_length=100)
     action_digest = models.CharField(max_length=64)
     proposal_version = models.PositiveIntegerField()
@@ -275,7 +286,8 @@ class Approval(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=Q(expires_at__gt=models.F("issued_at")), name="approval_expiry_after_issue"
+                condition=Q(expires_at__gt=models.F("issued_at")),
+                name="approval_expiry_after_issue",
             ),
             models.CheckConstraint(
                 condition=~Q(state="consumed")
@@ -322,6 +334,9 @@ class Epoch(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["occurrence", "number"], name="epoch_number_unique"),
         ]
+
+    def __str__(self) -> str:
+        return f"epoch {self.number} of {self.occurrence_id}"
 
 
 class Command(models.Model):

@@ -8,7 +8,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -196,7 +196,9 @@ def occurrence_propose(
                 reason=reason,
                 requested_by=requested_by,
                 client_ref=client_ref,
-                status=Occurrence.Status.AUTO_ADMITTED if auto else Occurrence.Status.PENDING_REVIEW,
+                status=Occurrence.Status.AUTO_ADMITTED
+                if auto
+                else Occurrence.Status.PENDING_REVIEW,
                 admission_justification="policy:read_only" if auto else "",
             )
             Proposal.objects.create(
@@ -224,7 +226,9 @@ def occurrence_propose(
                 )
     except IntegrityError:
         # Another request with the same client_ref won the insert.
-        existing = _existing_for_client_ref(tenant, client_ref, action.digest) if client_ref else None
+        existing = (
+            _existing_for_client_ref(tenant, client_ref, action.digest) if client_ref else None
+        )
         if existing is None:
             raise
         return existing, False
@@ -268,7 +272,8 @@ def _require_pending(occurrence: Occurrence) -> None:
     if occurrence.status != Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
             "not_pending",
-            f"This request is no longer pending review (it is {occurrence.get_status_display().lower()}).",
+            "This request is no longer pending review "
+            f"(it is {occurrence.get_status_display().lower()}).",
         )
 
 
@@ -319,7 +324,7 @@ def occurrence_approve(
             tenant_id=occ.tenant_id,
             occurrence=occ,
             proposal=proposal,
-            approver_id=reviewer.pk,
+            approver_id=cast(int, reviewer.pk),
             tool_name=occ.tool.name,
             action_digest=proposal.action_digest,
             proposal_version=proposal.version,
@@ -356,7 +361,10 @@ def occurrence_reject(*, occurrence: Occurrence, reviewer: User, reason: str) ->
         _require_pending(occ)
         now = db_now()
         Occurrence.objects.filter(pk=occ.pk).update(
-            status=Occurrence.Status.REJECTED, rejection_reason=reason, decided_at=now, updated_at=now
+            status=Occurrence.Status.REJECTED,
+            rejection_reason=reason,
+            decided_at=now,
+            updated_at=now,
         )
         audit_record(
             kind="occurrence.rejected",
@@ -447,7 +455,9 @@ def approval_deliver_token(*, occurrence: Occurrence) -> DeliveredToken:
                 "rejected", f"A reviewer rejected this request: {occurrence.rejection_reason}"
             )
         if occurrence.status == Occurrence.Status.AUTO_ADMITTED:
-            raise ServiceError("auto_admitted", "This call was admitted by policy; it needs no token.")
+            raise ServiceError(
+                "auto_admitted", "This call was admitted by policy; it needs no token."
+            )
         raise ServiceError("not_approved", "This request has not been approved yet.")
 
     raw = tokens.mint(tokens.APPROVAL_TOKEN_PREFIX)
@@ -467,9 +477,13 @@ def approval_deliver_token(*, occurrence: Occurrence) -> DeliveredToken:
                     "token_already_delivered", "The token for this approval was already picked up."
                 )
             if approval.state == Approval.State.REVOKED:
-                raise ServiceError("revoked", f"An admin revoked this approval: {approval.revoke_reason}")
+                raise ServiceError(
+                    "revoked", f"An admin revoked this approval: {approval.revoke_reason}"
+                )
             if approval.state == Approval.State.EXPIRED or approval.expires_at <= approval.db_now:  # type: ignore[attr-defined]
-                raise ServiceError("expired", "This approval expired before its token was picked up.")
+                raise ServiceError(
+                    "expired", "This approval expired before its token was picked up."
+                )
             raise ServiceError("not_approved", "The approved version is no longer current.")
         audit_record(
             kind="token.delivered",

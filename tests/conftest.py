@@ -38,8 +38,9 @@ class Runtime:
     def get(self, path: str, **extra: Any) -> Any:
         return self.client.get(path, **extra)
 
-    def propose(self, tool: str = "issue_refund", arguments: dict[str, Any] | None = None,
-                **fields: Any) -> Any:
+    def propose(
+        self, tool: str = "issue_refund", arguments: dict[str, Any] | None = None, **fields: Any
+    ) -> Any:
         body = {
             "tool": tool,
             "arguments": dict(REFUND_ARGS) if arguments is None else arguments,
@@ -52,18 +53,27 @@ class Runtime:
     def token(self, occurrence_id: str) -> Any:
         return self.post(f"/api/v1/occurrences/{occurrence_id}/token")
 
-    def claim(self, token: str, execution_id: str, tool: str = "issue_refund",
-              arguments: dict[str, Any] | None = None, **fields: Any) -> Any:
+    def claim(
+        self,
+        token: str,
+        execution_id: str,
+        tool: str = "issue_refund",
+        arguments: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Any:
         body = {
             "token": token,
-            "action": {"tool": tool, "arguments": dict(REFUND_ARGS) if arguments is None else arguments},
+            "action": {
+                "tool": tool,
+                "arguments": dict(REFUND_ARGS) if arguments is None else arguments,
+            },
             "execution_id": execution_id,
             **fields,
         }
         return self.post("/api/v1/claims", body)
 
 
-def make_user(username: str, tenant: Tenant | None = None, *roles: str) -> Any:
+def make_user(username: str, tenant: Tenant, *roles: str) -> Any:
     user = get_user_model().objects.create_user(username=username, password=PASSWORD)
     for role in roles:
         Membership.objects.create(user=user, tenant=tenant, role=role)

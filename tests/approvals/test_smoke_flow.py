@@ -3,7 +3,9 @@ from __future__ import annotations
 from tests.conftest import Runtime
 
 
-def test_propose_approve_pickup_claim_then_replay(runtime: Runtime, approved: str, token: str) -> None:
+def test_propose_approve_pickup_claim_then_replay(
+    runtime: Runtime, approved: str, token: str
+) -> None:
     first = runtime.claim(token, "exec-a")
     second = runtime.claim(token, "exec-b")
     assert first.status_code == 200

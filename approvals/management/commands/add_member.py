@@ -33,7 +33,9 @@ class Command(BaseCommand):
             password = self._password(options["password_env"])
             user = User.objects.create_user(username=options["username"], password=password)
             self.stdout.write(f"Created user {user.username}.")
-        _, created = Membership.objects.get_or_create(user=user, tenant=tenant, role=options["role"])
+        _, created = Membership.objects.get_or_create(
+            user=user, tenant=tenant, role=options["role"]
+        )
         state = "Added" if created else "Already had"
         self.stdout.write(f"{state} role {options['role']} for {user.username} in {tenant.slug}.")
 

@@ -48,7 +48,9 @@ DEMO_PROPOSALS: list[dict[str, Any]] = [
         "arguments": {
             "to": "dana@example.com",
             "subject": "Your refund is on its way",
-            "body": "Hi Dana,\n\nWe refunded EUR 80.00 to your card. It takes 3-5 days to appear.\n",
+            "body": (
+                "Hi Dana,\n\nWe refunded EUR 80.00 to your card. It takes 3-5 days to appear.\n"
+            ),
         },
         "run_id": "run-support-1042",
         "reason": "Tell the customer about the refund.",
