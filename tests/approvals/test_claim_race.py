@@ -1,0 +1,314 @@
+"""One approval, many OS processes released together: at most one command, ever.
+
+Each test keeps a pool of worker processes (forked, one database connection each) alive
+across rounds; every round they wait on one barrier and then call the service at once.
+A process-local lock would prove nothing here, which is the point of using processes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.test import Client
+
+from approvals import services
+from approvals.models import (
+    Approval,
+    ApprovalVote,
+    AuditEvent,
+    Command,
+    Epoch,
+    Membership,
+    Occurrence,
+    Tenant,
+)
+from tests.conftest import REFUND_ARGS, Runtime, make_user
+
+pytestmark = [pytest.mark.race, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+PROCS = 8
+ROUNDS = 50
+HTTP_ROUNDS = 5
+APPROVE_ROUNDS = 15
+TIMEOUT = 60
+
+MESSAGE_ARGS: dict[str, Any] = {"to": "ana@example.com", "subject": "Hello", "body": "Your parcel."}
+
+Job = tuple[Callable[..., Any], dict[str, Any]]
+
+
+# --- what the workers run (module level, so the jobs can be pickled by name) -------------
+
+
+def claim_job(tenant_id: int, token: str, execution_id: str) -> tuple[str, str, str | None]:
+    result = services.approval_claim(
+        tenant=Tenant.objects.get(pk=tenant_id),
+        token=token,
+        tool="issue_refund",
+        arguments=dict(REFUND_ARGS),
+        execution_id=execution_id,
+        message_id=f"msg-{execution_id}",
+    )
+    return result.decision, result.reason, str(result.command.id) if result.command else None
+
+
+def http_claim_job(raw_key: str, token: str, execution_id: str) -> tuple[int, str, str | None]:
+    body = {
+        "token": token,
+        "action": {"tool": "issue_refund", "arguments": dict(REFUND_ARGS)},
+        "execution_id": execution_id,
+    }
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    response = client.post("/api/v1/claims", json.dumps(body), content_type="application/json")
+    body = response.json()
+    return response.status_code, body["decision"], body.get("command_id")
+
+
+def approve_job(occurrence_id: str, reviewer_id: int, seen_digest: str) -> str:
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    reviewer = get_user_model().objects.get(pk=reviewer_id)
+    try:
+        outcome = services.occurrence_approve(
+            occurrence=occurrence, reviewer=reviewer, seen_digest=seen_digest
+        )
+    except services.ServiceError as exc:
+        return exc.code
+    return "issued" if outcome.issued else f"vote {outcome.votes}/{outcome.needed}"
+
+
+def _worker(index: int, barrier: Barrier, inbox: Any, outbox: Any) -> None:
+    try:
+        while (job := inbox.get()) is not None:
+            function, kwargs = job
+            try:
+                barrier.wait(timeout=TIMEOUT)
+                result = function(**kwargs)
+            except Exception as exc:  # reported to the parent, which fails the test
+                result = ("crashed", f"{type(exc).__name__}: {exc}")
+            outbox.put((index, result))
+    finally:
+        connections.close_all()
+
+
+class Pool:
+    """PROCS forked workers; ``run`` hands each one a job and releases them together."""
+
+    def __init__(self, size: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        # The children must not share the parent's socket: each opens its own connection.
+        connections.close_all()
+        self.barrier = ctx.Barrier(size)
+        self.inboxes = [ctx.Queue() for _ in range(size)]
+        self.outbox = ctx.Queue()
+        self.processes = [
+            ctx.Process(target=_worker, args=(i, self.barrier, inbox, self.outbox), daemon=True)
+            for i, inbox in enumerate(self.inboxes)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def run(self, jobs: list[Job]) -> list[Any]:
+        assert len(jobs) == len(self.inboxes)
+        for inbox, job in zip(self.inboxes, jobs, strict=True):
+            inbox.put(job)
+        results = dict(self.outbox.get(timeout=TIMEOUT) for _ in jobs)
+        return [results[i] for i in range(len(jobs))]
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for process in self.processes:
+            process.join(timeout=TIMEOUT)
+            assert process.exitcode == 0, f"worker exited with {process.exitcode}"
+
+
+@pytest.fixture
+def pool(transactional_db: Any) -> Iterator[Pool]:
+    workers = Pool(PROCS)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _approved_token(runtime: Runtime, reviewer: Any, arguments: dict[str, Any]) -> tuple[str, str]:
+    """A fresh approved refund and its picked-up token: (occurrence id, raw token)."""
+    occurrence, _ = services.occurrence_propose(
+        runtime_key=runtime.key,
+        tool="issue_refund",
+        arguments=arguments,
+        run_id="run-race",
+        reason="race",
+    )
+    digest = occurrence.proposals.get(is_current=True).action_digest
+    outcome = services.occurrence_approve(
+        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
+    )
+    assert outcome.issued
+    return str(occurrence.pk), services.approval_deliver_token(occurrence=occurrence).token
+
+
+def _assert_one_command(occurrence_id: str, winner_execution: str) -> Command:
+    approval = Approval.objects.get(occurrence_id=occurrence_id)
+    assert approval.state == Approval.State.CONSUMED
+    assert approval.consumed_by_execution == winner_execution
+    commands = list(Command.objects.filter(occurrence_id=occurrence_id))
+    assert len(commands) == 1
+    assert commands[0].approval_id == approval.pk
+    assert commands[0].execution_id == winner_execution
+    epochs = list(Epoch.objects.filter(occurrence_id=occurrence_id))
+    assert [(e.number, e.execution_id) for e in epochs] == [(1, winner_execution)]
+    assert commands[0].epoch_id == epochs[0].pk
+    return commands[0]
+
+
+def _claim_decisions(occurrence_id: str) -> Counter[str]:
+    return Counter(
+        AuditEvent.objects.filter(
+            occurrence_id=occurrence_id, kind__startswith="claim."
+        ).values_list("decision", flat=True)
+    )
+
+
+# --- the claim --------------------------------------------------------------------------
+
+
+def test_distinct_executions_racing_one_approval_get_one_command(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    for round_no in range(ROUNDS):
+        occurrence_id, token = _approved_token(runtime, reviewer, dict(REFUND_ARGS))
+        executions = [f"exec-{round_no}-{i}-{uuid.uuid4().hex[:6]}" for i in range(PROCS)]
+        results = pool.run(
+            [
+                (claim_job, {"tenant_id": tenant.pk, "token": token, "execution_id": e})
+                for e in executions
+            ]
+        )
+
+        assert Counter(r[0] for r in results) == {"approved": 1, "replayed": PROCS - 1}, results
+        (winner,) = [e for e, r in zip(executions, results, strict=True) if r[0] == "approved"]
+        command = _assert_one_command(occurrence_id, winner)
+        assert {r[2] for r in results} == {str(command.id), None}
+        assert {r[1] for r in results if r[0] == "replayed"} == {"consumed_by_other_execution"}
+        assert _claim_decisions(occurrence_id) == {"approved": 1, "replayed": PROCS - 1}
+
+
+def test_one_execution_delivered_many_times_gets_one_command(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    for round_no in range(ROUNDS):
+        occurrence_id, token = _approved_token(runtime, reviewer, dict(REFUND_ARGS))
+        execution = f"exec-shared-{round_no}"
+        results = pool.run(
+            [(claim_job, {"tenant_id": tenant.pk, "token": token, "execution_id": execution})]
+            * PROCS
+        )
+
+        assert Counter(r[0] for r in results) == {
+            "approved": 1,
+            "duplicate_delivery": PROCS - 1,
+        }, results
+        command = _assert_one_command(occurrence_id, execution)
+        # Every delivery resolves to the same command, so the adapter sees one key.
+        assert {r[2] for r in results} == {str(command.id)}
+        assert _claim_decisions(occurrence_id) == {"approved": 1, "duplicate_delivery": PROCS - 1}
+
+
+def test_racing_http_claims_get_one_command(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    for round_no in range(HTTP_ROUNDS):
+        occurrence_id, token = _approved_token(runtime, reviewer, dict(REFUND_ARGS))
+        executions = [f"http-{round_no}-{i}" for i in range(PROCS)]
+        results = pool.run(
+            [
+                (http_claim_job, {"raw_key": runtime.raw_key, "token": token, "execution_id": e})
+                for e in executions
+            ]
+        )
+
+        assert Counter((r[0], r[1]) for r in results) == {
+            (200, "approved"): 1,
+            (403, "replayed"): PROCS - 1,
+        }, results
+        (winner,) = [e for e, r in zip(executions, results, strict=True) if r[1] == "approved"]
+        _assert_one_command(occurrence_id, winner)
+
+
+# --- the review -------------------------------------------------------------------------
+
+
+def _reviewers(tenant: Tenant) -> list[Any]:
+    return [make_user(f"reviewer{i}", tenant, Membership.Role.REVIEWER) for i in range(PROCS)]
+
+
+def _approve_race(
+    pool: Pool, runtime: Runtime, reviewers: list[Any], tool: str, args: Any
+) -> tuple[Occurrence, list[Any]]:
+    occurrence, _ = services.occurrence_propose(
+        runtime_key=runtime.key, tool=tool, arguments=args, run_id="run-race", reason="race"
+    )
+    digest = occurrence.proposals.get(is_current=True).action_digest
+    results = pool.run(
+        [
+            (
+                approve_job,
+                {"occurrence_id": str(occurrence.pk), "reviewer_id": r.pk, "seen_digest": digest},
+            )
+            for r in reviewers
+        ]
+    )
+    return occurrence, results
+
+
+def test_reviewers_approving_at_once_issue_one_approval(
+    pool: Pool, tenant: Tenant, runtime: Runtime
+) -> None:
+    reviewers = _reviewers(tenant)
+    for _ in range(APPROVE_ROUNDS):
+        occurrence, results = _approve_race(pool, runtime, reviewers, "send_message", MESSAGE_ARGS)
+
+        assert Counter(results) == {"issued": 1, "not_pending": PROCS - 1}, results
+        assert Approval.objects.filter(occurrence=occurrence).count() == 1
+        assert ApprovalVote.objects.filter(proposal__occurrence=occurrence).count() == 1
+        assert Occurrence.objects.get(pk=occurrence.pk).status == Occurrence.Status.APPROVED
+        kinds = Counter(
+            AuditEvent.objects.filter(occurrence=occurrence).values_list("kind", flat=True)
+        )
+        assert kinds == {
+            "occurrence.proposed": 1,
+            "approval.vote_recorded": 1,
+            "approval.issued": 1,
+        }
+
+
+def test_reviewers_racing_on_a_quorum_issue_one_approval_after_two_votes(
+    pool: Pool, tenant: Tenant, runtime: Runtime
+) -> None:
+    reviewers = _reviewers(tenant)
+    big_refund = {**REFUND_ARGS, "amount_minor": 50001}
+    for _ in range(APPROVE_ROUNDS):
+        occurrence, results = _approve_race(pool, runtime, reviewers, "issue_refund", big_refund)
+
+        assert Counter(results) == {"vote 1/2": 1, "issued": 1, "not_pending": PROCS - 2}, results
+        approval = Approval.objects.get(occurrence=occurrence)
+        voters = set(
+            ApprovalVote.objects.filter(proposal__occurrence=occurrence).values_list(
+                "reviewer_id", flat=True
+            )
+        )
+        assert len(voters) == 2
+        assert approval.approver_id in voters
