@@ -1,0 +1,168 @@
+"""The review page in a real browser: what a reviewer sees, and that it stays true while
+the runtime acts on the other side of the API."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from approvals import services
+from approvals.canonical import canonicalize
+from approvals.models import Approval, ApprovalVote, Occurrence
+from tests.browser.conftest import (
+    Contexts,
+    login,
+    open_review,
+    panel,
+    propose,
+    track_navigations,
+    wait_for_state,
+)
+from tests.conftest import REFUND_ARGS, Runtime
+
+pytestmark = [
+    pytest.mark.browser,
+    # The live server answers from its own thread and connection, so the test's writes
+    # must be committed; serialized_rollback brings back the shipped tool contracts that
+    # the flush after each transactional test removes.
+    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+]
+
+
+def test_digest_shown_is_the_apis_and_rederives_from_the_shown_json(
+    page: Page, runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    api_digest = runtime.get(f"/api/v1/occurrences/{occurrence_id}").json()["proposal"][
+        "action_digest"
+    ]
+
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+
+    assert page.locator("#action-digest").text_content() == api_digest
+    shown = json.loads(page.locator("#canonical-action").text_content() or "")
+    assert set(shown) == {"tool", "arguments"}
+    assert canonicalize(shown["tool"], shown["arguments"]).digest == api_digest
+    assert shown["arguments"] == REFUND_ARGS
+    expect(page.locator("#agent-reason")).to_have_text("The customer asked for it.")
+
+
+def test_approve_then_runtime_claim_turns_panel_consumed_without_reload(
+    page: Page, runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+    review_url = page.url
+    wait_for_state(page, "pending")
+    expect(panel(page)).to_have_attribute("aria-live", "polite")
+
+    navigations = track_navigations(page)
+    # A marker on window survives only if the document is never reloaded.
+    page.evaluate("window.__sameDocument = true")
+
+    page.locator("#approve-form").get_by_role("button", name="Approve").click()
+    wait_for_state(page, "issued")
+    expect(page.locator("#approve-form")).to_have_count(0)
+    expect(page.locator("#reject-form")).to_have_count(0)
+    assert Approval.objects.filter(occurrence_id=occurrence_id).count() == 1
+
+    # The runtime acts through the API while the page sits there polling.
+    pickup = runtime.token(occurrence_id)
+    assert pickup.status_code == 200, pickup.content
+    claim = runtime.claim(pickup.json()["token"], "exec-browser-1")
+    assert claim.status_code == 200, claim.content
+    assert claim.json()["decision"] == "approved"
+    command_id = claim.json()["command_id"]
+    idempotency_key = claim.json()["idempotency_key"]
+
+    wait_for_state(page, "consumed")
+    expect(panel(page)).to_contain_text("exec-browser-1")
+    expect(panel(page)).to_contain_text(command_id)
+    expect(panel(page)).to_contain_text(idempotency_key)
+    # The raw token never reaches a page.
+    assert pickup.json()["token"] not in page.content()
+
+    assert page.url == review_url
+    assert navigations.urls == []
+    assert page.evaluate("window.__sameDocument") is True
+
+
+def test_approving_a_stale_digest_is_refused_and_shows_the_new_version(
+    page: Page, runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+    old_digest = page.locator("#action-digest").text_content()
+
+    # Someone else edits the proposal after the page was opened.
+    edited = services.proposal_edit(
+        occurrence=Occurrence.objects.get(pk=occurrence_id),
+        editor=second_reviewer,
+        arguments={**REFUND_ARGS, "amount_minor": 6000},
+        seen_digest=old_digest or "",
+    )
+
+    page.locator("#approve-form").get_by_role("button", name="Approve").click()
+
+    expect(page.locator("#decision-message")).to_contain_text(re.compile("changed", re.I))
+    expect(page.locator("#decision-message")).to_have_attribute("role", "status")
+    expect(page.locator("#version-diff")).to_be_visible()
+    expect(page.locator("#action-digest")).to_have_text(edited.action_digest)
+    expect(page.locator("#canonical-action")).to_contain_text("6000")
+    wait_for_state(page, "pending")
+    assert not Approval.objects.filter(occurrence_id=occurrence_id).exists()
+    assert not ApprovalVote.objects.filter(proposal__occurrence_id=occurrence_id).exists()
+
+
+def test_rejection_reason_reaches_the_agent(page: Page, runtime: Runtime, reviewer: Any) -> None:
+    occurrence_id = propose(runtime)
+    reason = "Payment pay_123 was already refunded last week."
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+
+    page.locator("#reject-form textarea[name=reason]").fill(reason)
+    page.locator("#reject-form").get_by_role("button", name="Reject").click()
+
+    wait_for_state(page, "rejected")
+    expect(panel(page)).to_contain_text(reason)
+    expect(page.locator("#approve-form")).to_have_count(0)
+    pickup = runtime.token(occurrence_id)
+    assert pickup.status_code == 409, pickup.content
+    error = pickup.json()["error"]
+    assert error["code"] == "rejected"
+    assert reason in error["message"]
+    assert not Approval.objects.filter(occurrence_id=occurrence_id).exists()
+
+
+def test_refund_above_threshold_needs_a_second_reviewer(
+    contexts: Contexts, runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime, arguments={**REFUND_ARGS, "amount_minor": 60000})
+    first = contexts.new().new_page()
+    second = contexts.new().new_page()
+    login(first, reviewer.username)
+    login(second, second_reviewer.username)
+    open_review(first, occurrence_id)
+    open_review(second, occurrence_id)
+
+    first.locator("#approve-form").get_by_role("button", name="Approve").click()
+    wait_for_state(first, "awaiting_quorum")
+    expect(first.locator("#quorum")).to_have_text(re.compile(r"\b1 of 2 approvals\b"))
+    assert not Approval.objects.filter(occurrence_id=occurrence_id).exists()
+    assert ApprovalVote.objects.filter(proposal__occurrence_id=occurrence_id).count() == 1
+
+    # The second reviewer's page learns about the first vote by polling.
+    wait_for_state(second, "awaiting_quorum")
+    expect(second.locator("#quorum")).to_have_text(re.compile(r"\b1 of 2 approvals\b"))
+    second.locator("#approve-form").get_by_role("button", name="Approve").click()
+    wait_for_state(second, "issued")
+    assert Approval.objects.filter(occurrence_id=occurrence_id).count() == 1
+
+    wait_for_state(first, "issued")
