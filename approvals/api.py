@@ -6,14 +6,24 @@ parsed strictly (see ``approvals.canonical.parse_json``) before any row is writt
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseNotAllowed,
+    StreamingHttpResponse,
+)
+from django.urls import URLPattern, URLResolver
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -30,7 +40,8 @@ from approvals.models import AuditEvent, Occurrence, RuntimeKey
 class StrictJSONParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
         content_type = request.content_type or ""
-        if content_type != "application/json":
+        charset = (request.content_params or {}).get("charset", "utf-8").lower()
+        if content_type != "application/json" or charset not in {"utf-8", "utf8"}:
             raise InputError(
                 "unsupported_media_type", "Send the body as Content-Type: application/json."
             )
@@ -61,7 +72,33 @@ class RuntimeKeyAuth(HttpBearer):
         return services.runtime_key_authenticate(token)
 
 
-api = NinjaAPI(
+def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """ninja answers a wrong method with a plain-text 405; give it the error envelope."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response = view(request, *args, **kwargs)
+        if isinstance(response, HttpResponseNotAllowed):
+            allowed = response["Allow"]
+            response = error_response(
+                "method_not_allowed", f"{request.method} is not allowed here; use {allowed}.", 405
+            )
+            response["Allow"] = allowed
+        return response
+
+    return wrapper
+
+
+class AgentAPI(NinjaAPI):
+    def _get_urls(self) -> list[URLResolver | URLPattern]:
+        urls = super()._get_urls()
+        for pattern in urls:
+            if isinstance(pattern, URLPattern):
+                pattern.callback = _enveloped_405(pattern.callback)
+        return urls
+
+
+api = AgentAPI(
     title="Approval console agent API",
     version="1",
     urls_namespace="api-v1",
@@ -118,13 +155,24 @@ _VALIDATION_CODES = {
     "string_type": "wrong_type",
     "dict_type": "wrong_type",
     "model_type": "wrong_type",
+    "model_attributes_type": "wrong_type",
     "int_type": "wrong_type",
     "int_parsing": "wrong_type",
+    "string_too_short": "too_short",
+    "string_too_long": "too_long",
+    "greater_than_equal": "out_of_range",
+    "less_than_equal": "out_of_range",
 }
 
 
 @api.exception_handler(ValidationError)
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    if any(
+        e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body", "payload")
+        for e in exc.errors
+    ):
+        # ninja skips the parser for an empty body and reports the whole payload missing.
+        return error_response("empty_body", "The body is empty; send a JSON object.", 400)
     details = []
     for error in exc.errors:
         loc = [
@@ -256,7 +304,8 @@ class ErrorOut(Schema):
 
 
 class AuditQuery(Schema):
-    after: int = Field(0, ge=0)
+    after: int = Field(0, ge=0, le=2**63 - 1)
+    limit: int | None = Field(None, ge=1, le=10_000)
 
 
 # --- endpoints ---------------------------------------------------------------------------
@@ -417,5 +466,7 @@ def _audit_line(event: AuditEvent) -> str:
 @api.get("/audit/events", summary="The tenant's audit events after a cursor, as NDJSON")
 def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHttpResponse:
     events = selectors.audit_events_after(tenant=_key(request).tenant, after=query.after)
+    if query.limit is not None:
+        events = itertools.islice(events, query.limit)
     lines: Iterator[str] = (_audit_line(e) for e in events)
     return StreamingHttpResponse(lines, content_type="application/x-ndjson")
