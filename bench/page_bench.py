@@ -1,0 +1,480 @@
+"""Server time and query counts of the reviewer pages on a large PostgreSQL database.
+
+Seeds a database of its own (100k occurrences with their proposals, approvals, epochs and
+commands, and 1M audit events at --scale 1) with INSERT ... SELECT generate_series, then
+requests each page in-process with Django's test Client and prints p50/p95 server time,
+the number of SQL queries, and the ratio to a baseline: a trivial template rendered
+through the same middleware, session and login in the same run. The ratio is the number to
+compare between machines; the milliseconds are this machine's.
+
+    DATABASE_URL=postgres://user@host:5432/console .venv/bin/python bench/page_bench.py
+    .venv/bin/python bench/page_bench.py --scale 0.1 --iterations 20
+    .venv/bin/python bench/page_bench.py --keep          # keep the seeded database ...
+    .venv/bin/python bench/page_bench.py --keep          # ... and reuse it next time
+
+DATABASE_URL names the server and credentials only: the bench creates (and drops, unless
+--keep) a database of its own, "<name>_page_bench" by default, and never writes to <name>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import types
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.contrib.auth.decorators import login_required  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.http import HttpRequest, HttpResponse  # noqa: E402
+from django.template import engines  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.urls import clear_url_caches, include, path  # noqa: E402
+
+from approvals import services  # noqa: E402
+from approvals.canonical import canonicalize  # noqa: E402
+from approvals.models import (  # noqa: E402
+    Approval,
+    ApprovalVote,
+    AuditEvent,
+    Command,
+    Epoch,
+    Membership,
+    Occurrence,
+    Proposal,
+    ToolContract,
+)
+
+OCCURRENCES_AT_SCALE_1 = 100_000
+AUDIT_EVENTS_AT_SCALE_1 = 1_000_000
+TENANT_SLUG = "bench"
+REVIEWER = "bench-reviewer"
+
+# --- the baseline: a trivial template through the same stack --------------------------
+
+BASELINE_TEMPLATE = engines["django"].from_string(
+    "<!doctype html><html><head><title>{{ title }}</title></head>"
+    "<body><p>Signed in as {{ request.user.get_username }}</p></body></html>"
+)
+
+
+@login_required
+def baseline_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(BASELINE_TEMPLATE.render({"title": "baseline"}, request))
+
+
+BASELINE_PATH = "/__bench__/baseline/"
+URLCONF = "page_bench_urls"
+
+
+def install_urlconf() -> None:
+    """The project's URLs plus the baseline view, without touching config/urls.py."""
+    module = types.ModuleType(URLCONF)
+    module.urlpatterns = [  # type: ignore[attr-defined]
+        path(BASELINE_PATH.strip("/") + "/", baseline_view),
+        path("", include(settings.ROOT_URLCONF)),
+    ]
+    sys.modules[URLCONF] = module
+    settings.ROOT_URLCONF = URLCONF
+    clear_url_caches()
+
+
+# --- seeding -----------------------------------------------------------------------------
+
+
+def occ_id(g: str) -> str:
+    """SQL for the deterministic occurrence UUID number g, so that later INSERTs can point
+    at occurrences by arithmetic instead of by joining."""
+    return f"('00000000-0000-4000-8000-' || lpad(to_hex({g}), 12, '0'))::uuid"
+
+
+# RFC 8785 canonical JSON built in SQL: keys sorted, no whitespace, integers as digits.
+# The bench checks a sample against approvals.canonical afterwards.
+def canonical_sql(g: str, version: str) -> str:
+    amount = f"(100 + ({g} * 7919 + {version} * 500) % 49900)"
+    return f"""CASE
+        WHEN {g} % 10 = 3 THEN
+            '{{"arguments":{{"order_id":"' || {g} || '"}},"tool":"lookup_order"}}'
+        WHEN ({g} / 10) % 3 = 0 THEN
+            '{{"arguments":{{"body":"Hi, your order ' || {g} || ' has shipped (v' || {version}
+            || ').\\n","subject":"Order ' || {g} || ' update","to":"customer' || {g}
+            || '@example.com"}},"tool":"send_message"}}'
+        ELSE
+            '{{"arguments":{{"amount_minor":' || {amount} || ',"currency":"EUR","payment_id":"pay_'
+            || {g} || '","reason":"Order ' || {g} || ' arrived damaged"}},"tool":"issue_refund"}}'
+    END"""
+
+
+def digest_sql(canonical: str) -> str:
+    return f"encode(sha256(convert_to({canonical}, 'UTF8')), 'hex')"
+
+
+def status_sql(g: str) -> str:
+    return f"""CASE {g} % 10
+        WHEN 0 THEN 'pending_review' WHEN 1 THEN 'approved' WHEN 2 THEN 'rejected'
+        WHEN 3 THEN 'auto_admitted' ELSE 'claimed' END"""
+
+
+def tool_sql(g: str) -> str:
+    return f"""CASE WHEN {g} % 10 = 3 THEN 'lookup_order'
+        WHEN ({g} / 10) % 3 = 0 THEN 'send_message' ELSE 'issue_refund' END"""
+
+
+AUDIT_KINDS = [
+    "occurrence.proposed",
+    "approval.vote_recorded",
+    "approval.issued",
+    "token.delivered",
+    "claim.approved",
+    "claim.duplicate_delivery",
+    "claim.replayed",
+    "proposal.edited",
+    "occurrence.rejected",
+    "approval.revoked",
+]
+
+
+@dataclass
+class Seeded:
+    occurrences: int
+    proposals: int
+    audit_events: int
+    seconds: float
+    reused: bool
+
+
+def counts() -> tuple[int, int, int]:
+    return (Occurrence.objects.count(), Proposal.objects.count(), AuditEvent.objects.count())
+
+
+def seed(*, n: int, m: int, tenant_id: int, key_id: int, reviewer: Any) -> float:
+    """Insert n occurrences and m audit events with everything between; return seconds."""
+    started = time.perf_counter()
+    tools = dict(ToolContract.objects.values_list("name", "id"))
+    tool_id = f"""CASE WHEN g % 10 = 3 THEN {tools["lookup_order"]}
+        WHEN (g / 10) % 3 = 0 THEN {tools["send_message"]} ELSE {tools["issue_refund"]} END"""
+    # Occurrence g was created g * 30 s ago: the newest have the smallest numbers.
+    created = "now() - g * interval '30 seconds'"
+    kinds = "ARRAY[" + ",".join(f"'{k}'" for k in AUDIT_KINDS) + "]"
+    statements = [
+        f"""INSERT INTO {Occurrence._meta.db_table}
+            (id, tenant_id, runtime_key_id, tool_id, run_id, reason, requested_by, client_ref,
+             status, admission_justification, rejection_reason, decided_at, created_at,
+             updated_at)
+        SELECT {occ_id("g")}, {tenant_id}, {key_id}, {tool_id}, 'run-' || (g / 7),
+            'Customer ticket ' || g || ': the agent proposes this after reading the thread.',
+            'support-agent', 'ref-' || g, {status_sql("g")},
+            CASE WHEN g % 10 = 3 THEN 'policy:read_only' ELSE '' END,
+            CASE WHEN g % 10 = 2 THEN 'Outside the refund window.' ELSE '' END,
+            CASE WHEN g % 10 = 0 THEN NULL ELSE {created} + interval '2 minutes' END,
+            {created}, {created} + interval '5 minutes'
+        FROM generate_series(1, {n}) AS g""",
+        # Version 1 of every occurrence; every other pending one was edited into version 2.
+        f"""INSERT INTO {Proposal._meta.db_table}
+            (occurrence_id, version, canonical_action, action_digest, is_current, edited_by_id,
+             created_at)
+        SELECT {occ_id("g")}, 1, c, {digest_sql("c")}, NOT (g % 20 = 0), NULL, {created}
+        FROM generate_series(1, {n}) AS g, LATERAL (SELECT {canonical_sql("g", "1")} AS c) x""",
+        f"""INSERT INTO {Proposal._meta.db_table}
+            (occurrence_id, version, canonical_action, action_digest, is_current, edited_by_id,
+             created_at)
+        SELECT {occ_id("g")}, 2, c, {digest_sql("c")}, true, {reviewer.pk},
+            {created} + interval '1 minute'
+        FROM generate_series(20, {n}, 20) AS g,
+            LATERAL (SELECT {canonical_sql("g", "2")} AS c) x""",
+        f"""INSERT INTO {ApprovalVote._meta.db_table}
+            (proposal_id, reviewer_id, seen_digest, created_at)
+        SELECT p.id, {reviewer.pk}, p.action_digest, o.created_at + interval '2 minutes'
+        FROM {Proposal._meta.db_table} p JOIN {Occurrence._meta.db_table} o
+            ON o.id = p.occurrence_id
+        WHERE o.status IN ('approved', 'claimed')""",
+        f"""INSERT INTO {Approval._meta.db_table}
+            (tenant_id, occurrence_id, proposal_id, approver_id, tool_name, action_digest,
+             proposal_version, state, token_hash, fingerprint, issued_at, expires_at,
+             delivered_at, superseded_at, consumed_at, consumed_by_execution, revoked_at,
+             revoked_by, revoke_reason)
+        SELECT o.tenant_id, o.id, p.id, {reviewer.pk}, t.name, p.action_digest, p.version,
+            CASE WHEN o.status = 'claimed' THEN 'consumed' ELSE 'issued' END,
+            CASE WHEN o.status = 'claimed'
+                THEN encode(sha256(convert_to('tok-' || o.id, 'UTF8')), 'hex') END,
+            CASE WHEN o.status = 'claimed'
+                THEN left(encode(sha256(convert_to('fp-' || o.id, 'UTF8')), 'hex'), 16)
+                ELSE '' END,
+            o.created_at + interval '2 minutes', o.created_at + interval '17 minutes',
+            CASE WHEN o.status = 'claimed' THEN o.created_at + interval '3 minutes' END,
+            NULL,
+            CASE WHEN o.status = 'claimed' THEN o.created_at + interval '4 minutes' END,
+            CASE WHEN o.status = 'claimed' THEN 'exec-' || o.id ELSE '' END,
+            NULL, '', ''
+        FROM {Occurrence._meta.db_table} o
+            JOIN {Proposal._meta.db_table} p ON p.occurrence_id = o.id AND p.is_current
+            JOIN {ToolContract._meta.db_table} t ON t.id = o.tool_id
+        WHERE o.status IN ('approved', 'claimed')""",
+        f"""INSERT INTO {Epoch._meta.db_table}
+            (id, occurrence_id, number, execution_id, justification, previous_id, created_at)
+        SELECT gen_random_uuid(), a.occurrence_id, 1, a.consumed_by_execution, 'approval',
+            NULL, a.consumed_at
+        FROM {Approval._meta.db_table} a WHERE a.state = 'consumed'""",
+        f"""INSERT INTO {Command._meta.db_table}
+            (id, tenant_id, occurrence_id, approval_id, epoch_id, execution_id,
+             idempotency_key, action_digest, state, created_at)
+        SELECT x.cid, x.tenant_id, x.occurrence_id, x.approval_id, x.epoch_id, x.execution_id,
+            'cmd_' || replace(x.cid::text, '-', ''), x.action_digest, 'succeeded', x.created_at
+        FROM (
+            SELECT gen_random_uuid() AS cid, a.tenant_id, a.occurrence_id, a.id AS approval_id,
+                e.id AS epoch_id, e.execution_id, a.action_digest, e.created_at
+            FROM {Approval._meta.db_table} a
+                JOIN {Epoch._meta.db_table} e ON e.occurrence_id = a.occurrence_id
+            WHERE a.state = 'consumed'
+        ) x""",
+        # About ten events per occurrence, interleaved the way a busy tenant writes them.
+        f"""INSERT INTO {AuditEvent._meta.db_table}
+            (event_id, kind, tenant_id, occurrence_id, actor, token_fingerprint, decision,
+             reason_code, execution_id, message_id, command_id, trace_id, source_time,
+             ingested_at, data)
+        SELECT gen_random_uuid(), ({kinds})[1 + (e / {n}) % {len(AUDIT_KINDS)}],
+            {tenant_id}, {occ_id(f"1 + (e - 1) % {n}")},
+            CASE WHEN (e / {n}) % 2 = 0 THEN 'runtime' ELSE '{REVIEWER}' END,
+            '', '', '', '', '', NULL, md5(e::text),
+            now() - ((1 + (e - 1) % {n}) * interval '30 seconds') + (e / {n}) * interval '1 s',
+            now(), jsonb_build_object('n', e)
+        FROM generate_series(1, {m}) AS e""",
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        for sql in statements:
+            cursor.execute(sql)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return time.perf_counter() - started
+
+
+def check_seeded_digests() -> None:
+    """The SQL-built canonical JSON must be what the console itself would have built."""
+    for proposal in Proposal.objects.order_by("?")[:20]:
+        action = json.loads(proposal.canonical_action)
+        canonical = canonicalize(action["tool"], action["arguments"])
+        assert canonical.canonical == proposal.canonical_action, proposal.canonical_action
+        assert canonical.digest == proposal.action_digest, proposal.pk
+
+
+def prepare(scale: float) -> tuple[Seeded, Any]:
+    n = max(10, round(OCCURRENCES_AT_SCALE_1 * scale))
+    m = max(10, round(AUDIT_EVENTS_AT_SCALE_1 * scale))
+    User = get_user_model()
+    reviewer = User.objects.filter(username=REVIEWER).first()
+    if reviewer is not None and counts()[0] == n and counts()[2] == m:
+        occurrences, proposals, events = counts()
+        return Seeded(occurrences, proposals, events, 0.0, reused=True), reviewer
+    if reviewer is not None:
+        raise SystemExit(
+            "The bench database holds data of another scale; run without --keep once to "
+            "recreate it."
+        )
+    tenant = services.tenant_create(slug=TENANT_SLUG, name="Bench Shop")
+    key, _ = services.runtime_key_create(tenant=tenant, name="bench-runtime")
+    reviewer = User.objects.create_user(username=REVIEWER, password="bench-password-unused")
+    Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.REVIEWER)
+    seconds = seed(n=n, m=m, tenant_id=tenant.pk, key_id=key.pk, reviewer=reviewer)
+    check_seeded_digests()
+    occurrences, proposals, events = counts()
+    return Seeded(occurrences, proposals, events, seconds, reused=False), reviewer
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+class _PollFinder(HTMLParser):
+    """Finds the hx-get of the element with a given id (the URL htmx polls)."""
+
+    def __init__(self, element_id: str) -> None:
+        super().__init__()
+        self.element_id = element_id
+        self.url: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if self.url is None and values.get("id") == self.element_id and values.get("hx-get"):
+            self.url = values["hx-get"]
+
+
+def poll_url(html: str, element_id: str) -> str | None:
+    finder = _PollFinder(element_id)
+    finder.feed(html)
+    return finder.url
+
+
+@dataclass
+class Page:
+    label: str
+    path: str
+    headers: dict[str, str]
+
+
+@dataclass
+class Result:
+    label: str
+    p50_ms: float
+    p95_ms: float
+    queries: int
+
+
+class PageError(Exception):
+    pass
+
+
+def measure(client: Client, page: Page, iterations: int, warmup: int) -> Result:
+    def get() -> Any:
+        response = client.get(page.path, headers=page.headers)
+        if response.status_code != 200:
+            raise PageError(f"{page.label}: GET {page.path} answered {response.status_code}")
+        return response
+
+    for _ in range(warmup):
+        get()
+    timings = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        get()
+        timings.append((time.perf_counter() - started) * 1000)
+    # Counted on a separate request, so that capturing queries does not slow the timed ones.
+    with CaptureQueriesContext(connection) as queries:
+        get()
+    ordered = sorted(timings)
+    p95_index = max(0, min(len(ordered) - 1, round(0.95 * len(ordered)) - 1))
+    return Result(page.label, statistics.median(ordered), ordered[p95_index], len(queries))
+
+
+def pages(client: Client) -> list[Page]:
+    htmx = {"HX-Request": "true"}
+    # The newest claimed occurrence (approval consumed, a command, about ten audit events)
+    # and the newest pending one in its second version (a version diff to render).
+    consumed = str(
+        Occurrence.objects.filter(status=Occurrence.Status.CLAIMED)
+        .order_by("-created_at")
+        .values_list("pk", flat=True)[0]
+    )
+    edited = str(
+        Proposal.objects.filter(version=2, occurrence__status=Occurrence.Status.PENDING_REVIEW)
+        .order_by("-created_at")
+        .values_list("occurrence_id", flat=True)[0]
+    )
+    result = [
+        Page("baseline: trivial template", BASELINE_PATH, {}),
+        Page("inbox /reviews/", "/reviews/", {}),
+        Page("inbox, tool=send_message", "/reviews/?tool=send_message", {}),
+    ]
+    inbox_html = client.get("/reviews/").content.decode()
+    inbox_poll = poll_url(inbox_html, "inbox")
+    if inbox_poll:
+        result.append(Page("inbox poll (htmx)", inbox_poll, {**htmx, "HX-Target": "inbox"}))
+    result += [
+        Page("review, consumed", f"/reviews/{consumed}/", {}),
+        Page("review, pending v2", f"/reviews/{edited}/", {}),
+    ]
+    review_html = client.get(f"/reviews/{consumed}/").content.decode()
+    panel_poll = poll_url(review_html, "decision-panel")
+    if panel_poll:
+        headers = {**htmx, "HX-Target": "decision-panel", "HX-Trigger": "decision-panel"}
+        result.append(Page("decision panel poll (htmx)", panel_poll, headers))
+    return result
+
+
+def table(results: list[Result]) -> str:
+    baseline = results[0].p50_ms
+    lines = [
+        f"{'page':<32} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8} {'p50 / baseline':>15}",
+        "-" * 75,
+    ]
+    for r in results:
+        ratio = r.p50_ms / baseline if baseline else float("nan")
+        lines.append(
+            f"{r.label:<32} {r.p50_ms:>8.2f} {r.p95_ms:>8.2f} {r.queries:>8} {ratio:>14.1f}x"
+        )
+    return "\n".join(lines)
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="1.0 = 100k occurrences, 1M audit events"
+    )
+    parser.add_argument("--iterations", type=int, default=50, help="timed requests per page")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed requests per page first")
+    parser.add_argument(
+        "--db-name", help="database to create and seed (default: <DATABASE_URL name>_page_bench)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the seeded database and reuse it next time"
+    )
+    args = parser.parse_args(argv)
+
+    if connection.vendor != "postgresql":
+        print("page_bench needs PostgreSQL: set DATABASE_URL=postgres://...", file=sys.stderr)
+        return 2
+    if args.scale <= 0 or args.iterations < 1 or args.warmup < 0:
+        parser.error("--scale must be > 0, --iterations >= 1, --warmup >= 0")
+
+    install_urlconf()
+    # The test Client sends Host: testserver.
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    original = connection.settings_dict["NAME"]
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = (
+        args.db_name or f"{original}_page_bench"
+    )
+    name = connection.creation.create_test_db(
+        verbosity=0, autoclobber=True, serialize=False, keepdb=args.keep
+    )
+    try:
+        seeded, reviewer = prepare(args.scale)
+        client = Client()
+        client.force_login(reviewer)
+        try:
+            results = [
+                measure(client, page, args.iterations, args.warmup) for page in pages(client)
+            ]
+        except PageError as exc:
+            print(f"page_bench: {exc}", file=sys.stderr)
+            return 1
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            server = cursor.fetchone()[0]
+        how = "reused" if seeded.reused else f"seeded in {seeded.seconds:.1f} s"
+        print(
+            f"page_bench: database {name} (PostgreSQL {server}), scale {args.scale:g}: "
+            f"{seeded.occurrences:,} occurrences, {seeded.proposals:,} proposals, "
+            f"{seeded.audit_events:,} audit events ({how})"
+        )
+        print(
+            f"{args.iterations} timed requests per page after {args.warmup} warm-up; "
+            "server time in-process (Django test Client), queries on one extra request"
+        )
+        print()
+        print(table(results))
+        return 0
+    finally:
+        if not args.keep:
+            connection.creation.destroy_test_db(original, verbosity=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
