@@ -277,7 +277,13 @@ def pretty(canonical: str) -> str:
     written with exactly the characters of the canonical form (``1e-7`` stays ``1e-7``, where
     ``json.dumps`` would print ``1e-07``), so what a reviewer reads is what was digested.
     """
-    return _pretty(json.loads(canonical), "")
+    # Numbers are kept as the canonical text spelled them: parsed back, a float such as
+    # 1e16 (canonically "10000000000000000") would come back as an int too large to re-encode.
+    return _pretty(json.loads(canonical, parse_int=_Number, parse_float=_Number), "")
+
+
+class _Number(str):
+    """A number token exactly as the canonical text spells it."""
 
 
 def _pretty(value: Any, indent: str) -> str:
@@ -292,4 +298,6 @@ def _pretty(value: Any, indent: str) -> str:
 
 
 def _leaf(value: Any) -> str:
+    if isinstance(value, _Number):
+        return str(value)
     return rfc8785.dumps(value).decode("utf-8")
