@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from approvals.models import Approval, AuditEvent, Command, Epoch, Occurrence, Proposal, Tenant
+from approvals.models import (
+    Approval,
+    ApprovalVote,
+    AuditEvent,
+    Command,
+    Epoch,
+    Membership,
+    Occurrence,
+    Proposal,
+    Tenant,
+    ToolContract,
+)
 
 
 def parse_uuid(value: str) -> uuid.UUID | None:
@@ -60,4 +74,174 @@ def audit_events_after(*, tenant: Tenant, after: int = 0) -> Iterator[AuditEvent
         AuditEvent.objects.filter(tenant=tenant, id__gt=after)
         .order_by("id")
         .iterator(chunk_size=500)
+    )
+
+
+# --- the reviewer console ---------------------------------------------------------------
+
+# Roles that may open the console: reviewers decide, admins revoke.
+CONSOLE_ROLES = (Membership.Role.REVIEWER, Membership.Role.ADMIN)
+
+
+def console_memberships(user: Any) -> list[Membership]:
+    """The user's reviewer and admin memberships with their tenants, in one query."""
+    if not user.is_authenticated:
+        return []
+    return list(
+        Membership.objects.filter(user_id=user.pk, role__in=CONSOLE_ROLES)
+        .select_related("tenant")
+        .order_by("tenant__name", "tenant__slug", "role")
+    )
+
+
+def tool_names() -> list[str]:
+    return list(ToolContract.objects.order_by("name").values_list("name", flat=True))
+
+
+def inbox_occurrences(
+    *, tenant_ids: Iterable[int], tool: str = "", status: str = ""
+) -> QuerySet[Occurrence]:
+    """Occurrences of the given tenants, newest first, with what an inbox row shows.
+
+    The current proposal and its approval are prefetched into ``current_proposals`` and
+    ``current_approvals`` so a page of rows costs the same few queries however long it is.
+    """
+    queryset = (
+        Occurrence.objects.filter(tenant_id__in=list(tenant_ids))
+        .select_related("tool", "tenant")
+        .prefetch_related(
+            Prefetch(
+                "proposals",
+                queryset=Proposal.objects.filter(is_current=True),
+                to_attr="current_proposals",
+            ),
+            Prefetch(
+                "approvals",
+                queryset=Approval.objects.filter(proposal__is_current=True),
+                to_attr="current_approvals",
+            ),
+        )
+        .order_by("-created_at", "-pk")
+    )
+    if tool:
+        queryset = queryset.filter(tool__name=tool)
+    if status:
+        queryset = queryset.filter(status=status)
+    return queryset
+
+
+def review_queryset() -> QuerySet[Occurrence]:
+    """An occurrence with everything its review page shows, in a fixed number of queries."""
+    return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
+        Prefetch(
+            "proposals",
+            queryset=Proposal.objects.select_related("edited_by")
+            .prefetch_related(
+                Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer"))
+            )
+            .order_by("version"),
+        ),
+        Prefetch("approvals", queryset=Approval.objects.select_related("approver")),
+        Prefetch("commands", queryset=Command.objects.order_by("created_at")),
+    )
+
+
+def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurrence | None:
+    """The occurrence if it belongs to one of ``tenant_ids``; None hides it otherwise."""
+    return review_queryset().filter(pk=occurrence_id, tenant_id__in=list(tenant_ids)).first()
+
+
+def occurrence_history(occurrence: Occurrence) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(occurrence=occurrence).order_by("id"))
+
+
+def tenant_reviewer_names(tenant_id: int) -> list[str]:
+    return list(
+        Membership.objects.filter(tenant_id=tenant_id, role=Membership.Role.REVIEWER)
+        .order_by("user__username")
+        .values_list("user__username", flat=True)
+    )
+
+
+class PanelState:
+    """What the decision panel shows; the values of ``DecisionView.state``."""
+
+    PENDING = "pending"
+    AWAITING_QUORUM = "awaiting_quorum"
+    ISSUED = "issued"
+    DELIVERED = "delivered"
+    CONSUMED = "consumed"
+    REJECTED = "rejected"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+    AUTO_ADMITTED = "auto_admitted"
+
+
+_COMMAND_SETTLED = {Command.State.SUCCEEDED, Command.State.FAILED, Command.State.OUTCOME_UNKNOWN}
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """The decision state of an occurrence's current version, derived from stored rows."""
+
+    state: str
+    proposal: Proposal
+    votes: list[ApprovalVote]
+    needed: int
+    approval: Approval | None
+    command: Command | None
+
+    @property
+    def final(self) -> bool:
+        """Nothing a person or runtime does can change what the panel shows any more."""
+        if self.state == PanelState.CONSUMED:
+            return self.command is None or self.command.state in _COMMAND_SETTLED
+        return self.state in {
+            PanelState.REJECTED,
+            PanelState.REVOKED,
+            PanelState.EXPIRED,
+            PanelState.AUTO_ADMITTED,
+        }
+
+    @property
+    def voters(self) -> list[str]:
+        return [vote.reviewer.get_username() for vote in self.votes]
+
+
+def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> DecisionView:
+    """The decision panel's state, from an occurrence loaded with ``review_queryset``."""
+    now = now or timezone.now()
+    proposal = current_proposal(occurrence)
+    votes = list(proposal.votes.all())
+    arguments = json.loads(proposal.canonical_action).get("arguments", {})
+    needed = occurrence.tool.approvals_needed(arguments if isinstance(arguments, dict) else {})
+    approval = next((a for a in occurrence.approvals.all() if a.proposal_id == proposal.pk), None)
+    command = None
+    if approval is not None:
+        command = next((c for c in occurrence.commands.all() if c.approval_id == approval.pk), None)
+
+    status = occurrence.status
+    if status == Occurrence.Status.REJECTED:
+        state = PanelState.REJECTED
+    elif status == Occurrence.Status.AUTO_ADMITTED:
+        state = PanelState.AUTO_ADMITTED
+    elif approval is None:
+        state = PanelState.AWAITING_QUORUM if votes else PanelState.PENDING
+    else:
+        approval_now = approval_state(approval, now)
+        if approval_now == Approval.State.ISSUED:
+            state = PanelState.DELIVERED if approval.delivered_at else PanelState.ISSUED
+        else:
+            state = {
+                Approval.State.CONSUMED: PanelState.CONSUMED,
+                Approval.State.REVOKED: PanelState.REVOKED,
+                Approval.State.EXPIRED: PanelState.EXPIRED,
+            }[Approval.State(approval_now)]
+    return DecisionView(
+        state=state,
+        proposal=proposal,
+        votes=votes,
+        needed=needed,
+        approval=approval,
+        command=command,
     )

@@ -1,0 +1,69 @@
+"""Forms of the reviewer console. They check shape only; the services decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.validators import RegexValidator
+
+from approvals.models import Occurrence
+
+DIGEST_VALIDATOR = RegexValidator(r"^[0-9a-f]{64}$", "Not a SHA-256 hex digest.")
+
+STATE_ALL = "all"
+STATE_CHOICES = [
+    (Occurrence.Status.PENDING_REVIEW.value, "Pending review"),
+    (Occurrence.Status.APPROVED.value, "Approved"),
+    (Occurrence.Status.CLAIMED.value, "Claimed"),
+    (Occurrence.Status.REJECTED.value, "Rejected"),
+    (Occurrence.Status.REVOKED.value, "Revoked"),
+    (Occurrence.Status.AUTO_ADMITTED.value, "Auto-admitted"),
+    (STATE_ALL, "All states"),
+]
+
+
+class InboxFilterForm(forms.Form):
+    tool = forms.ChoiceField(required=False)
+    state = forms.ChoiceField(required=False, choices=STATE_CHOICES)
+    page = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args: Any, tools: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tool_choices = [("", "All tools"), *((name, name) for name in tools)]
+        tool_field: forms.ChoiceField = self.fields["tool"]  # type: ignore[assignment]
+        tool_field.choices = self.tool_choices
+
+    def filters(self) -> tuple[str, str]:
+        """The tool and state to filter by; anything unrecognised falls back to defaults."""
+        data = self.cleaned_data if self.is_valid() else {}
+        tool = data.get("tool") or ""
+        state = data.get("state") or Occurrence.Status.PENDING_REVIEW.value
+        return tool, state
+
+
+class ApproveForm(forms.Form):
+    action_digest = forms.CharField(max_length=64, validators=[DIGEST_VALIDATOR])
+
+
+class ReasonForm(forms.Form):
+    """Reject and revoke: a reason is required and reaches the agent or the audit trail."""
+
+    reason = forms.CharField(
+        max_length=2000,
+        error_messages={"required": "Say why.", "max_length": "Keep it under 2000 characters."},
+    )
+
+
+class EditForm(forms.Form):
+    arguments = forms.CharField(
+        max_length=64 * 1024,
+        strip=False,
+        error_messages={"required": "Enter the arguments as a JSON object."},
+    )
+    action_digest = forms.CharField(max_length=64, validators=[DIGEST_VALIDATOR])
+
+
+class TenantSwitchForm(forms.Form):
+    tenant = forms.CharField(required=False, max_length=64)
+    next = forms.CharField(required=False, max_length=2000)
