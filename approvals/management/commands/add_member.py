@@ -5,6 +5,8 @@ import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals.models import Membership, Tenant
@@ -28,11 +30,21 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"No tenant {options['slug']!r}.")
         User = get_user_model()
-        user = User.objects.filter(username=options["username"]).first()
+        username = options["username"]
+        user = User.objects.filter(username=username).first()
         if user is None:
-            password = self._password(options["password_env"])
-            user = User.objects.create_user(username=options["username"], password=password)
+            candidate = User(username=username)
+            try:
+                # create_user() validates neither the username nor the password.
+                User._meta.get_field("username").clean(username, candidate)
+                password = self._password(options["password_env"])
+                validate_password(password, candidate)
+            except ValidationError as exc:
+                raise CommandError(" ".join(exc.messages)) from None
+            user = User.objects.create_user(username=username, password=password)
             self.stdout.write(f"Created user {user.username}.")
+        elif options["password_env"]:
+            self.stdout.write(f"User {user.username} exists; their password is unchanged.")
         _, created = Membership.objects.get_or_create(
             user=user, tenant=tenant, role=options["role"]
         )

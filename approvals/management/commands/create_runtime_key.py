@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services
@@ -19,8 +20,13 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=options["slug"]).first()
         if tenant is None:
             raise CommandError(f"No tenant {options['slug']!r}.")
-        if RuntimeKey.objects.filter(tenant=tenant, name=options["name"]).exists():
-            raise CommandError(f"Tenant {tenant.slug} already has a key named {options['name']!r}.")
-        key, raw = services.runtime_key_create(tenant=tenant, name=options["name"])
+        try:
+            name = RuntimeKey._meta.get_field("name").clean(options["name"].strip(), None)
+        except ValidationError as exc:
+            raise CommandError(" ".join(exc.messages)) from None
+        if RuntimeKey.objects.filter(tenant=tenant, name=name).exists():
+            raise CommandError(f"Tenant {tenant.slug} already has a key named {name!r}.")
+        key, raw = services.runtime_key_create(tenant=tenant, name=name)
+        # The explanation goes to stderr, so stdout is the key alone: KEY=$(... create_runtime_key)
         self.stderr.write(f"Runtime key {key.name} for {tenant.slug}; it is shown only now:")
         self.stdout.write(raw)

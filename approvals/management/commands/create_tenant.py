@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services
@@ -16,7 +17,15 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if Tenant.objects.filter(slug=options["slug"]).exists():
-            raise CommandError(f"Tenant {options['slug']!r} already exists.")
-        tenant = services.tenant_create(slug=options["slug"], name=options["name"])
+        slug, name = options["slug"], options["name"]
+        try:
+            # objects.create() runs no validators; the slug ends up in URLs and commands.
+            Tenant._meta.get_field("slug").clean(slug, None)
+            if name:
+                Tenant._meta.get_field("name").clean(name, None)
+        except ValidationError as exc:
+            raise CommandError(" ".join(exc.messages)) from None
+        if Tenant.objects.filter(slug=slug).exists():
+            raise CommandError(f"Tenant {slug!r} already exists.")
+        tenant = services.tenant_create(slug=slug, name=name)
         self.stdout.write(f"Created tenant {tenant.slug}.")

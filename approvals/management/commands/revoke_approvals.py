@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services
-from approvals.models import Approval, Tenant
+from approvals.models import Approval, Tenant, ToolContract
 
 
 class Command(BaseCommand):
@@ -20,8 +21,13 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not options["reason"].strip():
+            raise CommandError("Say why the approvals are revoked (--reason).")
         approvals = Approval.objects.all()
-        if options["fingerprint"]:
+        if options["fingerprint"] is not None:
+            # An empty fingerprint would match every approval whose token is not picked up.
+            if not options["fingerprint"].strip():
+                raise CommandError("--fingerprint is empty.")
             if options["approver"] or options["tool"]:
                 raise CommandError("--approver and --tool go with --tenant, not --fingerprint.")
             approvals = approvals.filter(fingerprint=options["fingerprint"])
@@ -30,9 +36,14 @@ class Command(BaseCommand):
             if tenant is None:
                 raise CommandError(f"No tenant {options['tenant']!r}.")
             approvals = approvals.filter(tenant=tenant)
+            # A mistyped filter must not pass for "nothing to revoke" during an incident.
             if options["approver"]:
+                if not get_user_model().objects.filter(username=options["approver"]).exists():
+                    raise CommandError(f"No user {options['approver']!r}.")
                 approvals = approvals.filter(approver__username=options["approver"])
             if options["tool"]:
+                if not ToolContract.objects.filter(name=options["tool"]).exists():
+                    raise CommandError(f"No tool contract {options['tool']!r}.")
                 approvals = approvals.filter(tool_name=options["tool"])
         count = services.approvals_revoke(
             approvals=approvals, actor="cli:revoke_approvals", reason=options["reason"]
