@@ -623,3 +623,31 @@ def test_approval_through_the_quorum_still_issues_one_token(
 
     assert runtime.token(occurrence_id).status_code == 200
     assert runtime.token(occurrence_id).status_code == 409
+
+
+# --- query counts ----------------------------------------------------------------------
+
+
+def test_detail_reads_a_fixed_number_of_queries(
+    runtime: Runtime, approved: str, token: str, django_assert_num_queries: Any
+) -> None:
+    runtime.claim(token, "exec-a")
+
+    # The key (with its tenant), the occurrence (with its tool), then one query each for
+    # proposals, approvals, commands and epochs: never one per row.
+    with django_assert_num_queries(6):
+        response = runtime.get(f"/api/v1/occurrences/{approved}")
+
+    assert response.status_code == 200
+
+
+def test_audit_stream_reads_a_fixed_number_of_queries_however_many_events(
+    runtime: Runtime, django_assert_num_queries: Any
+) -> None:
+    for n in range(30):
+        runtime.propose(client_ref=f"ref-{n}")
+
+    with django_assert_num_queries(2):
+        events = ndjson(runtime.get("/api/v1/audit/events"))
+
+    assert len(events) == 30
