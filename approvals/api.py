@@ -1,7 +1,9 @@
 """Agent API v1: JSON over HTTP, authenticated by a runtime key, scoped to its tenant.
 
-Every error is ``{"error": {"code", "message", "details"?}}`` with a 4xx status; bodies are
-parsed strictly (see ``approvals.canonical.parse_json``) before any row is written.
+Every error is ``{"error": {"code", "message", "details"?}}`` with a 4xx status: 400 for a
+body that is not JSON at all, 413 above 64 KiB, 415 for another content type, 422 for JSON
+that is refused (``details`` names each field). Bodies are parsed strictly (see
+``approvals.canonical.parse_json``) before any row is written.
 """
 
 from __future__ import annotations

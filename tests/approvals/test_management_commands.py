@@ -427,3 +427,17 @@ def test_revoke_refuses_unclear_instructions_and_revokes_nothing(
         run("revoke_approvals", *args)
 
     assert set(states(three_approvals).values()) == {"issued"}
+
+
+# --- seed_demo ------------------------------------------------------------------------------
+
+
+def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(db: Any) -> None:
+    run("seed_demo")
+    output = run("seed_demo")
+
+    raw = output.out.splitlines()[-1].strip().removeprefix("export KEY=")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get("/api/v1/audit/events").status_code == 200
+    assert Occurrence.objects.count() == 4
+    assert RuntimeKey.objects.count() == 2

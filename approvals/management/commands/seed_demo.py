@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -89,8 +90,9 @@ class Command(BaseCommand):
             for role in roles:
                 Membership.objects.get_or_create(user=user, tenant=tenant, role=role)
 
-        # The raw key is only known when it is created, so every run makes a fresh one.
-        name = "demo-runtime-" + timezone.now().strftime("%Y%m%d%H%M%S")
+        # The raw key is only known when it is created, so every run makes a fresh one. The
+        # random suffix keeps two runs within one second from colliding on the key's name.
+        name = f"demo-runtime-{timezone.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
         key, raw = services.runtime_key_create(tenant=tenant, name=name)
         for proposal in DEMO_PROPOSALS:
             services.occurrence_propose(runtime_key=key, **proposal)
