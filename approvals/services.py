@@ -517,6 +517,59 @@ class ClaimResult:
         return self.decision in {Decision.APPROVED, Decision.DUPLICATE_DELIVERY}
 
 
+# The one statement that decides a claim. It is written out rather than built with
+# QuerySet.update() for two reasons: RETURNING hands back the row it consumed (so no read
+# precedes the guard, and no read-then-write window can exist), and the ORM's query
+# compilation was most of the claim's cost (see bench/claim_bench.py). The epoch count rides
+# along; a concurrent epoch insert would make the epoch INSERT fail on its unique
+# constraint, never produce a second command.
+_CLAIM_SQL = """
+    UPDATE {approval}
+       SET state = %s, consumed_at = {now}, consumed_by_execution = %s
+     WHERE tenant_id = %s AND token_hash = %s AND state = %s AND action_digest = %s
+       AND superseded_at IS NULL AND expires_at > {now}
+ RETURNING id, occurrence_id, fingerprint,
+           (SELECT COUNT(*) FROM {epoch} WHERE {epoch}.occurrence_id = {approval}.occurrence_id)
+"""
+
+# DbNow() in SQL: the transaction's start on PostgreSQL; Django's own Now() on SQLite.
+_NOW_SQL = {
+    "postgresql": "CURRENT_TIMESTAMP",
+    "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",
+}
+
+
+def _consume(
+    *, tenant: Tenant, token_hash: str, digest: str, execution_id: str
+) -> tuple[int, uuid.UUID, str, int] | None:
+    """Consume the approval if it is issued, in scope and in time; return what was consumed
+    (id, occurrence id, fingerprint, epochs so far), or None if nothing was."""
+    sql = _CLAIM_SQL.format(
+        approval=Approval._meta.db_table,
+        epoch=Epoch._meta.db_table,
+        now=_NOW_SQL[connection.vendor],
+    )
+    params = (
+        str(Approval.State.CONSUMED),
+        execution_id,
+        tenant.pk,
+        token_hash,
+        str(Approval.State.ISSUED),
+        digest,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    approval_id, occurrence_id, fingerprint, epochs = row
+    # SQLite hands UUIDs back as hex text.
+    occurrence_id = (
+        occurrence_id if isinstance(occurrence_id, uuid.UUID) else uuid.UUID(occurrence_id)
+    )
+    return approval_id, occurrence_id, fingerprint, epochs
+
+
 def approval_claim(
     *,
     tenant: Tenant,
@@ -528,82 +581,63 @@ def approval_claim(
 ) -> ClaimResult:
     """Turn an approval into exactly one command, or say precisely why not.
 
-    One conditional UPDATE decides; its row count is the only thing that admits a claim.
-    The command, the epoch and the audit event are written in the same transaction. A
-    refusal reads the approval once more to name the decision and leaves it as it was.
+    One conditional UPDATE decides; the row it returns is the only thing that admits a
+    claim. The epoch, the command and the audit event are written in the same transaction.
+    A refusal reads the approval once, after the UPDATE, to name the decision, and leaves
+    it as it was.
     """
     action = canonicalize(tool, arguments)
     token_hash = tokens.hash_secret(token)
-    fingerprint = tokens.fingerprint(token)
 
     with transaction.atomic():
-        approval = Approval.objects.filter(tenant=tenant, token_hash=token_hash).first()
-        if approval is None or not tokens.hashes_match(approval.token_hash or "", token):
-            return _claim_refused(
-                tenant_id=tenant.pk,
-                approval=None,
-                decision=Decision.UNKNOWN_TOKEN,
-                reason="no_such_token",
-                fingerprint=fingerprint,
-                execution_id=execution_id,
-                message_id=message_id,
-            )
-        won = Approval.objects.filter(
-            pk=approval.pk,
-            state=Approval.State.ISSUED,
-            action_digest=action.digest,
-            superseded_at__isnull=True,
-            expires_at__gt=DbNow(),
-        ).update(
-            state=Approval.State.CONSUMED, consumed_at=DbNow(), consumed_by_execution=execution_id
+        consumed = _consume(
+            tenant=tenant, token_hash=token_hash, digest=action.digest, execution_id=execution_id
         )
-        if won:
-            epoch = Epoch.objects.create(
-                occurrence_id=approval.occurrence_id,
-                number=Epoch.objects.filter(occurrence_id=approval.occurrence_id).count() + 1,
-                execution_id=execution_id,
-                justification=Epoch.Justification.APPROVAL,
-            )
-            command_id = uuid.uuid4()
-            command = Command.objects.create(
-                id=command_id,
+        if consumed is None:
+            return _claim_refused(
                 tenant=tenant,
-                occurrence_id=approval.occurrence_id,
-                approval=approval,
-                epoch=epoch,
-                execution_id=execution_id,
-                idempotency_key=f"cmd_{command_id.hex}",
-                action_digest=action.digest,
-            )
-            Occurrence.objects.filter(
-                pk=approval.occurrence_id, status=Occurrence.Status.APPROVED
-            ).update(status=Occurrence.Status.CLAIMED, updated_at=DbNow())
-            audit_record(
-                kind="claim.approved",
-                tenant=tenant,
-                occurrence=approval.occurrence_id,
-                actor="runtime",
-                token_fingerprint=approval.fingerprint,
-                decision=Decision.APPROVED,
-                reason_code="claimed",
+                token=token,
+                token_hash=token_hash,
+                digest=action.digest,
+                tool=tool,
                 execution_id=execution_id,
                 message_id=message_id,
-                command_id=command.id,
-                data={"epoch": epoch.number, "idempotency_key": command.idempotency_key},
             )
-            return ClaimResult(Decision.APPROVED, "claimed", command)
-
-        current = Approval.objects.annotate(db_now=DbNow()).get(pk=approval.pk)
-        decision, reason = _explain_refusal(current, action.digest, tool, execution_id)
-        return _claim_refused(
-            tenant_id=tenant.pk,
-            approval=current,
-            decision=decision,
-            reason=reason,
-            fingerprint=current.fingerprint,
+        approval_id, occurrence_id, fingerprint, epochs = consumed
+        epoch = Epoch.objects.create(
+            occurrence_id=occurrence_id,
+            number=epochs + 1,
+            execution_id=execution_id,
+            justification=Epoch.Justification.APPROVAL,
+        )
+        command_id = uuid.uuid4()
+        command = Command.objects.create(
+            id=command_id,
+            tenant=tenant,
+            occurrence_id=occurrence_id,
+            approval_id=approval_id,
+            epoch=epoch,
+            execution_id=execution_id,
+            idempotency_key=f"cmd_{command_id.hex}",
+            action_digest=action.digest,
+        )
+        Occurrence.objects.filter(pk=occurrence_id, status=Occurrence.Status.APPROVED).update(
+            status=Occurrence.Status.CLAIMED, updated_at=DbNow()
+        )
+        audit_record(
+            kind="claim.approved",
+            tenant=tenant,
+            occurrence=occurrence_id,
+            actor="runtime",
+            token_fingerprint=fingerprint,
+            decision=Decision.APPROVED,
+            reason_code="claimed",
             execution_id=execution_id,
             message_id=message_id,
+            command_id=command.id,
+            data={"epoch": epoch.number, "idempotency_key": command.idempotency_key},
         )
+    return ClaimResult(Decision.APPROVED, "claimed", command)
 
 
 def _explain_refusal(
@@ -628,23 +662,34 @@ def _explain_refusal(
 
 def _claim_refused(
     *,
-    tenant_id: int,
-    approval: Approval | None,
-    decision: str,
-    reason: str,
-    fingerprint: str,
+    tenant: Tenant,
+    token: str,
+    token_hash: str,
+    digest: str,
+    tool: str,
     execution_id: str,
     message_id: str,
 ) -> ClaimResult:
+    """Name the refusal from the approval as the guard left it, and record it."""
+    approval = (
+        Approval.objects.annotate(db_now=DbNow())
+        .filter(tenant=tenant, token_hash=token_hash)
+        .first()
+    )
     command = None
-    if decision == Decision.DUPLICATE_DELIVERY and approval is not None:
-        command = Command.objects.get(approval=approval)
+    if approval is None or not tokens.hashes_match(approval.token_hash or "", token):
+        approval = None
+        decision, reason = Decision.UNKNOWN_TOKEN, "no_such_token"
+    else:
+        decision, reason = _explain_refusal(approval, digest, tool, execution_id)
+        if decision == Decision.DUPLICATE_DELIVERY:
+            command = Command.objects.get(approval=approval)
     audit_record(
         kind=f"claim.{decision}",
-        tenant=tenant_id,
+        tenant=tenant,
         occurrence=approval.occurrence_id if approval else None,
         actor="runtime",
-        token_fingerprint=fingerprint,
+        token_fingerprint=approval.fingerprint if approval else tokens.fingerprint(token),
         decision=decision,
         reason_code=reason,
         execution_id=execution_id,

@@ -21,6 +21,11 @@ from tests.conftest import REFUND_ARGS, Runtime, approve
 
 MADE_UP_TOKEN = "apv_" + "A" * 43
 
+# Only on PostgreSQL is DbNow() the transaction's start, an instant a test can read first.
+transaction_clock = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs PostgreSQL's CURRENT_TIMESTAMP"
+)
+
 
 def _approval(occurrence_id: str) -> Approval:
     return Approval.objects.get(occurrence_id=occurrence_id, proposal__is_current=True)
@@ -171,6 +176,7 @@ def _expire_at(approval: Approval, expires_at: datetime) -> None:
     )
 
 
+@transaction_clock
 def test_claim_at_exactly_expires_at_is_expired(
     runtime: Runtime, approved: str, token: str
 ) -> None:
@@ -186,6 +192,7 @@ def test_claim_at_exactly_expires_at_is_expired(
     assert not Command.objects.exists()
 
 
+@transaction_clock
 def test_claim_one_microsecond_before_expires_at_is_approved(
     runtime: Runtime, approved: str, token: str
 ) -> None:
@@ -197,6 +204,7 @@ def test_claim_one_microsecond_before_expires_at_is_approved(
     assert _approval(approved).state == Approval.State.CONSUMED
 
 
+@transaction_clock
 def test_expired_wins_over_a_changed_action(runtime: Runtime, approved: str, token: str) -> None:
     approval = _approval(approved)
     _expire_at(approval, _transaction_now())
