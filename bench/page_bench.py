@@ -64,6 +64,10 @@ from approvals.models import (  # noqa: E402
 
 OCCURRENCES_AT_SCALE_1 = 100_000
 AUDIT_EVENTS_AT_SCALE_1 = 1_000_000
+# One claimed occurrence whose spent token a misbehaving runtime keeps replaying: its
+# history is that long. Pages must stay usable for it (and for whoever investigates it).
+HOT_OCCURRENCE = 14
+HOT_EVENTS_AT_SCALE_1 = 5_000
 TENANT_SLUG = "bench"
 REVIEWER = "bench-reviewer"
 
@@ -97,6 +101,9 @@ def install_urlconf() -> None:
 
 
 # --- seeding -----------------------------------------------------------------------------
+
+
+HOT_OCCURRENCE_ID = f"00000000-0000-4000-8000-{HOT_OCCURRENCE:012x}"
 
 
 def occ_id(g: str) -> str:
@@ -164,7 +171,7 @@ def counts() -> tuple[int, int, int]:
     return (Occurrence.objects.count(), Proposal.objects.count(), AuditEvent.objects.count())
 
 
-def seed(*, n: int, m: int, tenant_id: int, key_id: int, reviewer: Any) -> float:
+def seed(*, n: int, m: int, hot: int, tenant_id: int, key_id: int, reviewer: Any) -> float:
     """Insert n occurrences and m audit events with everything between; return seconds."""
     started = time.perf_counter()
     tools = dict(ToolContract.objects.values_list("name", "id"))
@@ -256,6 +263,16 @@ def seed(*, n: int, m: int, tenant_id: int, key_id: int, reviewer: Any) -> float
             now() - ((1 + (e - 1) % {n}) * interval '30 seconds') + (e / {n}) * interval '1 s',
             now(), jsonb_build_object('n', e)
         FROM generate_series(1, {m}) AS e""",
+        f"""INSERT INTO {AuditEvent._meta.db_table}
+            (event_id, kind, tenant_id, occurrence_id, actor, token_fingerprint, decision,
+             reason_code, execution_id, message_id, command_id, trace_id, source_time,
+             ingested_at, data)
+        SELECT gen_random_uuid(), 'claim.replayed', {tenant_id}, {occ_id(str(HOT_OCCURRENCE))},
+            'runtime', a.fingerprint, 'replayed', 'consumed_by_other_execution',
+            'exec-replay-' || e, 'msg-' || e, NULL, md5(e::text),
+            now() - interval '1 hour' + e * interval '10 ms', now(), '{{}}'::jsonb
+        FROM generate_series(1, {hot}) AS e, {Approval._meta.db_table} a
+        WHERE a.occurrence_id = {occ_id(str(HOT_OCCURRENCE))}""",
     ]
     with transaction.atomic(), connection.cursor() as cursor:
         for sql in statements:
@@ -277,9 +294,10 @@ def check_seeded_digests() -> None:
 def prepare(scale: float) -> tuple[Seeded, Any]:
     n = max(10, round(OCCURRENCES_AT_SCALE_1 * scale))
     m = max(10, round(AUDIT_EVENTS_AT_SCALE_1 * scale))
+    hot = max(10, round(HOT_EVENTS_AT_SCALE_1 * scale))
     User = get_user_model()
     reviewer = User.objects.filter(username=REVIEWER).first()
-    if reviewer is not None and counts()[0] == n and counts()[2] == m:
+    if reviewer is not None and counts()[0] == n and counts()[2] == m + hot:
         occurrences, proposals, events = counts()
         return Seeded(occurrences, proposals, events, 0.0, reused=True), reviewer
     if reviewer is not None:
@@ -291,7 +309,7 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
     key, _ = services.runtime_key_create(tenant=tenant, name="bench-runtime")
     reviewer = User.objects.create_user(username=REVIEWER, password="bench-password-unused")
     Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.REVIEWER)
-    seconds = seed(n=n, m=m, tenant_id=tenant.pk, key_id=key.pk, reviewer=reviewer)
+    seconds = seed(n=n, m=m, hot=hot, tenant_id=tenant.pk, key_id=key.pk, reviewer=reviewer)
     check_seeded_digests()
     occurrences, proposals, events = counts()
     return Seeded(occurrences, proposals, events, seconds, reused=False), reviewer
@@ -301,23 +319,24 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
 
 
 class _PollFinder(HTMLParser):
-    """Finds the hx-get of the element with a given id (the URL htmx polls)."""
+    """Finds the element htmx polls (hx-trigger="every ...") and the URL it polls."""
 
-    def __init__(self, element_id: str) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.element_id = element_id
-        self.url: str | None = None
+        self.found: tuple[str, str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = dict(attrs)
-        if self.url is None and values.get("id") == self.element_id and values.get("hx-get"):
-            self.url = values["hx-get"]
+        trigger, url = values.get("hx-trigger") or "", values.get("hx-get")
+        if self.found is None and url and trigger.strip().startswith("every"):
+            self.found = (values.get("id") or "", url)
 
 
-def poll_url(html: str, element_id: str) -> str | None:
-    finder = _PollFinder(element_id)
+def poll_target(html: str) -> tuple[str, str] | None:
+    """(element id, URL) of the page's polling element, if it polls."""
+    finder = _PollFinder()
     finder.feed(html)
-    return finder.url
+    return finder.found
 
 
 @dataclass
@@ -325,6 +344,8 @@ class Page:
     label: str
     path: str
     headers: dict[str, str]
+    # A poll whose content has not changed answers 204 No Content.
+    statuses: tuple[int, ...] = (200,)
 
 
 @dataclass
@@ -333,6 +354,7 @@ class Result:
     p50_ms: float
     p95_ms: float
     queries: int
+    sql: list[dict[str, str]]
 
 
 class PageError(Exception):
@@ -342,7 +364,7 @@ class PageError(Exception):
 def measure(client: Client, page: Page, iterations: int, warmup: int) -> Result:
     def get() -> Any:
         response = client.get(page.path, headers=page.headers)
-        if response.status_code != 200:
+        if response.status_code not in page.statuses:
             raise PageError(f"{page.label}: GET {page.path} answered {response.status_code}")
         return response
 
@@ -358,11 +380,16 @@ def measure(client: Client, page: Page, iterations: int, warmup: int) -> Result:
         get()
     ordered = sorted(timings)
     p95_index = max(0, min(len(ordered) - 1, round(0.95 * len(ordered)) - 1))
-    return Result(page.label, statistics.median(ordered), ordered[p95_index], len(queries))
+    return Result(
+        page.label,
+        statistics.median(ordered),
+        ordered[p95_index],
+        len(queries),
+        list(queries.captured_queries),
+    )
 
 
 def pages(client: Client) -> list[Page]:
-    htmx = {"HX-Request": "true"}
     # The newest claimed occurrence (approval consumed, a command, about ten audit events)
     # and the newest pending one in its second version (a version diff to render).
     consumed = str(
@@ -370,6 +397,7 @@ def pages(client: Client) -> list[Page]:
         .order_by("-created_at")
         .values_list("pk", flat=True)[0]
     )
+    hot = HOT_OCCURRENCE_ID
     edited = str(
         Proposal.objects.filter(version=2, occurrence__status=Occurrence.Status.PENDING_REVIEW)
         .order_by("-created_at")
@@ -379,21 +407,32 @@ def pages(client: Client) -> list[Page]:
         Page("baseline: trivial template", BASELINE_PATH, {}),
         Page("inbox /reviews/", "/reviews/", {}),
         Page("inbox, tool=send_message", "/reviews/?tool=send_message", {}),
+        Page("inbox, page 100", "/reviews/?page=100", {}),
     ]
-    inbox_html = client.get("/reviews/").content.decode()
-    inbox_poll = poll_url(inbox_html, "inbox")
-    if inbox_poll:
-        result.append(Page("inbox poll (htmx)", inbox_poll, {**htmx, "HX-Target": "inbox"}))
+    result += _poll(client, "/reviews/", "inbox poll, unchanged")
     result += [
         Page("review, consumed", f"/reviews/{consumed}/", {}),
         Page("review, pending v2", f"/reviews/{edited}/", {}),
+        Page("review, replayed token", f"/reviews/{hot}/", {}),
     ]
-    review_html = client.get(f"/reviews/{consumed}/").content.decode()
-    panel_poll = poll_url(review_html, "decision-panel")
-    if panel_poll:
-        headers = {**htmx, "HX-Target": "decision-panel", "HX-Trigger": "decision-panel"}
-        result.append(Page("decision panel poll (htmx)", panel_poll, headers))
+    # A final state does not poll; a pending page does, every couple of seconds.
+    result += _poll(client, f"/reviews/{edited}/", "panel poll, unchanged")
     return result
+
+
+def _poll(client: Client, page_path: str, label: str) -> list[Page]:
+    """The request htmx sends when the page's polling element fires, if it has one."""
+    found = poll_target(client.get(page_path).content.decode())
+    if found is None:
+        return []
+    element_id, url = found
+    headers = {
+        "HX-Request": "true",
+        "HX-Target": element_id,
+        "HX-Trigger": element_id,
+        "HX-Current-URL": f"http://testserver{page_path}",
+    }
+    return [Page(f"{label} (htmx)", url, headers, statuses=(200, 204))]
 
 
 def table(results: list[Result]) -> str:
@@ -425,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep the seeded database and reuse it next time"
+    )
+    parser.add_argument(
+        "--show-queries", action="store_true", help="print each page's SQL with its time"
     )
     args = parser.parse_args(argv)
 
@@ -470,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print()
         print(table(results))
+        if args.show_queries:
+            for result in results:
+                print(f"\n== {result.label}: {result.queries} queries")
+                for query in result.sql:
+                    print(f"{float(query['time']) * 1000:8.2f} ms  {query['sql']}")
         return 0
     finally:
         if not args.keep:
