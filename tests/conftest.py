@@ -85,6 +85,12 @@ def make_runtime(tenant: Tenant, name: str = "agent") -> Runtime:
     return Runtime(key=key, raw_key=raw, client=Client(HTTP_AUTHORIZATION=f"Bearer {raw}"))
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # The default hasher is slow on purpose; tests create many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def tenant(db: Any) -> Tenant:
     return services.tenant_create(slug="acme", name="Acme")
