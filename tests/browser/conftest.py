@@ -20,7 +20,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    Request,
+    expect,
+    sync_playwright,
+)
 
 from tests.conftest import PASSWORD
 
@@ -139,17 +147,21 @@ def wait_for_state(page: Page, state: str, timeout: int = STATE_TIMEOUT_MS) -> N
 
 @dataclass
 class NavigationLog:
-    """Main-frame navigations of one page, to prove an update happened without a reload."""
+    """Documents the page loads after this point, to prove an update came without one.
+
+    history.pushState (htmx's hx-push-url) changes the URL without loading a document,
+    so it is not counted; a reload, a redirect or a plain form post is.
+    """
 
     page: Page
     urls: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.page.on("framenavigated", self._record)
+        self.page.on("request", lambda request: self._record(request))
 
-    def _record(self, frame: Any) -> None:
-        if frame == self.page.main_frame:
-            self.urls.append(frame.url)
+    def _record(self, request: Request) -> None:
+        if request.is_navigation_request() and request.frame == self.page.main_frame:
+            self.urls.append(f"{request.method} {request.url}")
 
 
 def track_navigations(page: Page) -> NavigationLog:

@@ -37,7 +37,8 @@ def test_two_reviewers_approving_at_once_issue_one_approval(
     held: list[Route] = []
     responses: list[Response] = []
     for page in pages:
-        page.route(_is_approve_post, held.append)
+        # Playwright wants Python functions as handlers, not bound builtins like list.append.
+        page.route(_is_approve_post, lambda route: held.append(route))
         page.on("response", lambda r: responses.append(r) if _is_approve_post(r.url) else None)
     for page in pages:
         page.locator("#approve-form").get_by_role("button", name="Approve").click()

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request
 
-from tests.browser.conftest import login, open_review, propose
-from tests.conftest import Runtime
+from tests.browser.conftest import login, open_review, panel, propose, wait_for_state
+from tests.conftest import Runtime, approve
 
 pytestmark = [
     pytest.mark.browser,
@@ -48,7 +48,7 @@ def _assert_inert(page: Page) -> None:
 
 
 def test_markup_from_the_agent_is_shown_as_text_and_never_runs(
-    page: Page, live_server: Any, runtime: Runtime, reviewer: Any
+    page: Page, live_server: Any, runtime: Runtime, reviewer: Any, second_reviewer: Any
 ) -> None:
     arguments = {
         "to": "dana@example.com",
@@ -56,13 +56,20 @@ def test_markup_from_the_agent_is_shown_as_text_and_never_runs(
         "body": "Hello Dana,\n" + "\n".join(PAYLOADS) + "\n",
     }
     reason = "Follow up. " + " ".join(PAYLOADS)
-    occurrence_id = propose(runtime, "send_message", arguments=arguments, reason=reason)
+    occurrence_id = propose(
+        runtime,
+        "send_message",
+        arguments=arguments,
+        reason=reason,
+        run_id=f"run-{IMG}",
+        requested_by=f"agent-{SCRIPT}",
+    )
 
     origin = urlsplit(live_server.url)
     requests: list[Request] = []
     console: list[ConsoleMessage] = []
-    page.on("request", requests.append)
-    page.on("console", console.append)
+    page.on("request", lambda request: requests.append(request))
+    page.on("console", lambda message: console.append(message))
     page.add_init_script(RECORD_CSP_VIOLATIONS)
 
     login(page, reviewer.username)
@@ -70,16 +77,27 @@ def test_markup_from_the_agent_is_shown_as_text_and_never_runs(
     _assert_inert(page)
 
     open_review(page, occurrence_id)
-    # Let the decision panel poll and swap at least once: swapped-in HTML is processed by
-    # htmx too, and a smuggled hx-trigger="load" would fire then.
-    page.wait_for_timeout(4500)
     _assert_inert(page)
-
     shown = json.loads(page.locator("#canonical-action").text_content() or "")
     assert shown == {"tool": "send_message", "arguments": arguments}
     assert _normalized(page.locator("#agent-reason").text_content()) == _normalized(reason)
     for payload in PAYLOADS:
         assert payload in (page.locator("#agent-reason").text_content() or "")
+
+    # Agent text that arrives later, in a fragment htmx swaps in (and processes: a smuggled
+    # hx-trigger="load" would fire then): the runtime's own execution id after its claim.
+    execution_id = f"exec-{IMG}{HTMX}"
+    approve(occurrence_id, second_reviewer)
+    token = runtime.token(occurrence_id).json()["token"]
+    claim = runtime.claim(token, execution_id, tool="send_message", arguments=arguments)
+    assert claim.status_code == 200, claim.content
+    wait_for_state(page, "consumed")
+    page.wait_for_timeout(2500)  # one more poll cycle for anything the swap scheduled
+    _assert_inert(page)
+    assert execution_id in (panel(page).text_content() or "")
+    assert any(urlsplit(r.url).path == f"/reviews/{occurrence_id}/panel" for r in requests), (
+        "the panel should have been fetched by polling"
+    )
 
     unexpected = []
     for request in requests:
