@@ -508,12 +508,26 @@ _HISTORY_DETAIL_KEYS = [
 ]
 
 
+def _detail_value(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if moment.tzinfo is not None:
+            return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
+        return value
+    return str(value)
+
+
 def _history_rows(events: list[AuditEvent]) -> list[dict[str, Any]]:
     rows = []
     for event in events:
         data = event.data if isinstance(event.data, dict) else {}
         details = [
-            (key.replace("_", " "), str(data[key])) for key in _HISTORY_DETAIL_KEYS if key in data
+            (key.replace("_", " "), _detail_value(data[key]))
+            for key in _HISTORY_DETAIL_KEYS
+            if key in data
         ]
         if event.execution_id:
             details.append(("execution", event.execution_id))
@@ -779,7 +793,7 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     _require_reviewer(access, occurrence)
     form = EditForm(request.POST)
     errors: list[str] = []
-    notice = None
+    notice: Notice | None = None
     status = 422
     if form.is_valid():
         seen = form.cleaned_data["action_digest"]
@@ -818,7 +832,8 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
                     edit_errors=errors,
                 )
                 return render(request, "approvals/review.html", context, status=status)
-            errors = [REFUSALS.get(exc.code, exc.message)]
+            # The edit section is gone once the request is decided: say it in the panel.
+            notice = Notice("error", REFUSALS.get(exc.code, exc.message))
         else:
             messages.success(
                 request,

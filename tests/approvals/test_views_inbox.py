@@ -1,0 +1,240 @@
+"""The inbox: what it lists, its filters, paging, polling and the tenant switcher; signing
+in and out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from approvals import services
+from approvals.models import Membership, Occurrence, Tenant
+from tests.approvals.test_views_html import Html, parse, propose, signed_in
+from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_user
+
+HTMX = {"HX-Request": "true"}
+
+
+def row_ids(page: Html) -> list[str]:
+    return [
+        str(t.attrs["data-occurrence-id"])
+        for t in page.find_all("tr")
+        if "data-occurrence-id" in t.attrs
+    ]
+
+
+def propose_many(runtime: Runtime, count: int, **fields: Any) -> list[str]:
+    """``count`` occurrences through the service (the API would be slower), oldest first."""
+    ids = []
+    for n in range(count):
+        occurrence, _ = services.occurrence_propose(
+            runtime_key=runtime.key,
+            tool=fields.get("tool", "issue_refund"),
+            arguments=fields.get("arguments", dict(REFUND_ARGS, payment_id=f"pay_{n}")),
+            run_id=f"run-{n}",
+            reason="bulk",
+            requested_by="agent",
+        )
+        ids.append(str(occurrence.pk))
+    return ids
+
+
+def test_root_redirects_to_the_inbox(reviewer: Any) -> None:
+    response = signed_in(reviewer).get("/")
+    assert response.status_code == 302
+    assert response["Location"] == "/reviews/"
+
+
+def test_sign_in_with_the_standard_form_lands_in_the_inbox(reviewer: Any) -> None:
+    client = Client()
+    page = parse(client.get("/accounts/login/"))
+    assert page.has("id_username") and page.has("id_password")
+    response = client.post("/accounts/login/", {"username": "rita", "password": PASSWORD})
+    assert response.status_code == 302
+    assert response["Location"] == "/reviews/"
+    assert client.get("/reviews/").status_code == 200
+
+
+def test_sign_out_is_a_post_form(reviewer: Any) -> None:
+    client = signed_in(reviewer)
+    page = parse(client.get("/reviews/"))
+    assert page.find_all("form", action="/accounts/logout/", method="post")
+    assert client.post("/accounts/logout/").status_code == 302
+    assert client.get("/reviews/").status_code == 302
+
+
+def test_inbox_lists_pending_requests_newest_first_with_a_count(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    ids = propose_many(runtime, 3)
+    approve(ids[0], reviewer)
+    page = parse(signed_in(reviewer).get("/reviews/"))
+    assert page.text("inbox-count") == "2"
+    assert row_ids(page) == [ids[2], ids[1]]
+    for occurrence_id in ids[1:]:
+        assert page.find_all("a", href=f"/reviews/{occurrence_id}/")
+
+
+def test_inbox_row_shows_tool_summary_requester_run_state_and_age(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime, requested_by="alice", run_id="run-support-7")
+    response = signed_in(reviewer).get("/reviews/")
+    html = response.content.decode()
+    row = html[html.index(f'data-occurrence-id="{occurrence_id}"') :]
+    row = row[: row.index("</tr>")]
+    for text in (
+        "issue_refund",
+        "amount_minor=8000",
+        "alice",
+        "run-support-7",
+        "Pending review",
+        "just now",
+    ):
+        assert text in row, text
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        ("pending_review", {"pending"}),
+        ("approved", {"approved"}),
+        ("rejected", {"rejected"}),
+        ("auto_admitted", {"lookup"}),
+        ("claimed", set()),
+        ("revoked", set()),
+        ("all", {"pending", "approved", "rejected", "lookup"}),
+        ("nonsense", {"pending"}),
+    ],
+)
+def test_state_filter(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any, state: str, expected: set[str]
+) -> None:
+    named = {
+        "pending": propose(runtime),
+        "approved": propose(runtime, arguments=dict(REFUND_ARGS, payment_id="a")),
+        "rejected": propose(runtime, arguments=dict(REFUND_ARGS, payment_id="r")),
+        "lookup": propose(runtime, tool="lookup_order", arguments={"order_id": "1"}),
+    }
+    approve(named["approved"], reviewer)
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=named["rejected"]), reviewer=reviewer, reason="no"
+    )
+    page = parse(signed_in(second_reviewer).get(f"/reviews/?state={state}"))
+    assert set(row_ids(page)) == {named[n] for n in expected}
+    assert page.text("inbox-count") == str(len(expected))
+
+
+def test_tool_filter_and_the_filter_form(runtime: Runtime, reviewer: Any) -> None:
+    refund = propose(runtime)
+    message = propose(
+        runtime, tool="send_message", arguments={"to": "a@b.c", "subject": "s", "body": "b"}
+    )
+    page = parse(signed_in(reviewer).get("/reviews/?tool=send_message"))
+    assert row_ids(page) == [message]
+    assert refund not in row_ids(page)
+    form = page.by_id["inbox-filters"]
+    assert form.tag == "form"
+    names = {t.attrs.get("name") for t in page.find_all("select")}
+    assert {"tool", "state"} <= names
+    selected = [t for t in page.find_all("option") if "selected" in t.attrs]
+    assert {t.attrs["value"] for t in selected} == {"send_message", "pending_review"}
+
+
+def test_inbox_pages_25_rows(runtime: Runtime, reviewer: Any) -> None:
+    ids = propose_many(runtime, 30)
+    client = signed_in(reviewer)
+    first = parse(client.get("/reviews/"))
+    assert first.text("inbox-count") == "30"
+    assert row_ids(first) == list(reversed(ids))[:25]
+    second = parse(client.get("/reviews/?page=2"))
+    assert row_ids(second) == list(reversed(ids))[25:]
+    assert parse(client.get("/reviews/?page=99")).text("inbox-count") == "30"
+
+
+def test_htmx_gets_the_list_partial_which_polls_with_its_filters(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    propose(runtime)
+    client = signed_in(reviewer)
+    response = client.get("/reviews/?tool=issue_refund&state=all", headers=HTMX)
+    assert response.status_code == 200
+    assert "<html" not in response.content.decode()
+    page = parse(response)
+    poll = str(page.attr("inbox-list", "hx-get"))
+    assert page.attr("inbox-list", "hx-trigger") == "every 5s"
+    assert "tool=issue_refund" in poll and "state=all" in poll and "page=1" in poll
+    # Nothing changed: no content, so htmx swaps nothing and keeps focus and scroll.
+    assert client.get(poll, headers=HTMX).status_code == 204
+    new = propose(runtime, arguments=dict(REFUND_ARGS, payment_id="new"))
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert new in row_ids(parse(response))
+
+
+def test_history_restore_gets_the_whole_page(reviewer: Any) -> None:
+    response = signed_in(reviewer).get(
+        "/reviews/", headers={**HTMX, "HX-History-Restore-Request": "true"}
+    )
+    assert "<html" in response.content.decode()
+
+
+def test_person_without_a_reviewer_role_gets_an_explanation(tenant: Tenant) -> None:
+    operator = make_user("olga", tenant, Membership.Role.OPERATOR)
+    response = signed_in(operator).get("/reviews/")
+    assert response.status_code == 200
+    assert "not a reviewer or admin of any tenant" in response.content.decode()
+
+
+# --- several tenants -------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_tenant_reviewer(tenant: Tenant, other_tenant: Tenant) -> Any:
+    user = make_user("tess", tenant, Membership.Role.REVIEWER)
+    Membership.objects.create(user=user, tenant=other_tenant, role=Membership.Role.REVIEWER)
+    return user
+
+
+def test_tenant_switcher_scopes_the_inbox(
+    runtime: Runtime, other_runtime: Runtime, two_tenant_reviewer: Any, tenant: Tenant
+) -> None:
+    acme = propose(runtime)
+    globex = propose(other_runtime)
+    client = signed_in(two_tenant_reviewer)
+
+    page = parse(client.get("/reviews/"))
+    assert set(row_ids(page)) == {acme, globex}
+    options = {
+        str(t.attrs["value"])
+        for t in page.find_all("option")
+        if t.attrs.get("value") in {"", "acme", "globex"}
+    }
+    assert options == {"", "acme", "globex"}
+    assert "All my tenants" in page.source
+
+    response = client.post("/tenant/", {"tenant": "acme", "next": "/reviews/?state=all"})
+    assert response.status_code == 302
+    assert response["Location"] == "/reviews/?state=all"
+    page = parse(client.get("/reviews/"))
+    assert row_ids(page) == [acme]
+    # Another tenant's request stays reachable from its link: the switcher scopes the inbox.
+    assert client.get(f"/reviews/{globex}/").status_code == 200
+
+    client.post("/tenant/", {"tenant": ""})
+    assert set(row_ids(parse(client.get("/reviews/")))) == {acme, globex}
+
+
+def test_tenant_switcher_ignores_foreign_tenants_and_unsafe_next(
+    runtime: Runtime, reviewer: Any, other_tenant: Tenant
+) -> None:
+    client = signed_in(reviewer)
+    response = client.post("/tenant/", {"tenant": "globex", "next": "https://evil.example/"})
+    assert response["Location"] == "/reviews/"
+    assert "console_tenant" not in client.session
+
+
+def test_one_tenant_shows_no_switcher(reviewer: Any) -> None:
+    page = parse(signed_in(reviewer).get("/reviews/"))
+    assert not page.has("tenant-select")
