@@ -388,6 +388,15 @@ def proposal_edit(
     never authorize the new version (a claim with it gets ``scope_mismatch``).
     """
     with transaction.atomic():
+        # Take the locks in the order a claim and a revocation take them (approval, then
+        # occurrence): in the opposite order an edit and a claim of the same approval
+        # deadlock, and PostgreSQL aborts one of them.
+        list(
+            Approval.objects.select_for_update()
+            .filter(occurrence_id=occurrence.pk)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
         occ = _lock_occurrence(occurrence)
         _require_role(editor, occ.tenant_id, Membership.Role.REVIEWER)
         if occ.status not in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}:
@@ -720,6 +729,8 @@ def approvals_revoke(*, approvals: QuerySet[Approval], actor: str, reason: str) 
         targets = list(
             approvals.filter(state=Approval.State.ISSUED)
             .select_for_update(of=("self",))
+            # One lock order for every revocation, so that two of them never deadlock.
+            .order_by("pk")
             .values("pk", "tenant_id", "occurrence_id", "fingerprint")
         )
         if not targets:

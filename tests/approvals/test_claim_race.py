@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -41,6 +43,7 @@ HTTP_ROUNDS = 5
 APPROVE_ROUNDS = 15
 TIMEOUT = 60
 
+EDITED_ARGS: dict[str, Any] = {**REFUND_ARGS, "amount_minor": 100}
 MESSAGE_ARGS: dict[str, Any] = {"to": "ana@example.com", "subject": "Hello", "body": "Your parcel."}
 
 Job = tuple[Callable[..., Any], dict[str, Any]]
@@ -49,7 +52,11 @@ Job = tuple[Callable[..., Any], dict[str, Any]]
 # --- what the workers run (module level, so the jobs can be pickled by name) -------------
 
 
-def claim_job(tenant_id: int, token: str, execution_id: str) -> tuple[str, str, str | None]:
+def claim_job(
+    tenant_id: int, token: str, execution_id: str, jitter_ms: float = 0
+) -> tuple[str, str, str | None]:
+    # Jitter lets a slower racer (an edit, a revocation) come first in some rounds.
+    time.sleep(random.uniform(0, jitter_ms) / 1000)
     result = services.approval_claim(
         tenant=Tenant.objects.get(pk=tenant_id),
         token=token,
@@ -83,6 +90,28 @@ def approve_job(occurrence_id: str, reviewer_id: int, seen_digest: str) -> str:
     except services.ServiceError as exc:
         return exc.code
     return "issued" if outcome.issued else f"vote {outcome.votes}/{outcome.needed}"
+
+
+def edit_job(occurrence_id: str, editor_id: int, seen_digest: str) -> str:
+    try:
+        services.proposal_edit(
+            occurrence=Occurrence.objects.get(pk=occurrence_id),
+            editor=get_user_model().objects.get(pk=editor_id),
+            arguments=EDITED_ARGS,
+            seen_digest=seen_digest,
+        )
+    except services.ServiceError as exc:
+        return exc.code
+    return "edited"
+
+
+def revoke_job(approval_id: int, admin_id: int) -> str:
+    revoked = services.approval_revoke(
+        approval=Approval.objects.get(pk=approval_id),
+        admin=get_user_model().objects.get(pk=admin_id),
+        reason="race",
+    )
+    return "revoked" if revoked else "not_revocable"
 
 
 def _worker(index: int, barrier: Barrier, inbox: Any, outbox: Any) -> None:
@@ -246,6 +275,76 @@ def test_racing_http_claims_get_one_command(
         }, results
         (winner,) = [e for e, r in zip(executions, results, strict=True) if r[1] == "approved"]
         _assert_one_command(occurrence_id, winner)
+
+
+def test_edit_racing_claims_either_supersedes_the_approval_or_is_refused(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    editor = make_user("edith", tenant, Membership.Role.REVIEWER)
+    seen: Counter[str] = Counter()
+    for round_no in range(ROUNDS):
+        occurrence_id, token = _approved_token(runtime, reviewer, dict(REFUND_ARGS))
+        digest = Occurrence.objects.get(pk=occurrence_id).proposals.get(is_current=True)
+        executions = [f"edit-race-{round_no}-{i}" for i in range(PROCS - 1)]
+        edit_args = {"occurrence_id": occurrence_id, "editor_id": editor.pk}
+        claim_args: dict[str, Any] = {
+            "tenant_id": tenant.pk,
+            "token": token,
+            "jitter_ms": 20 * (round_no % 2),
+        }
+        results = pool.run(
+            [(edit_job, {**edit_args, "seen_digest": digest.action_digest})]
+            + [(claim_job, {**claim_args, "execution_id": e}) for e in executions]
+        )
+
+        edit, claims = results[0], results[1:]
+        seen[edit] += 1
+        if edit == "edited":
+            # The edit came first: the old approval authorizes nothing any more.
+            assert Counter((r[0], r[1]) for r in claims) == {
+                ("scope_mismatch", "proposal_superseded"): PROCS - 1
+            }, results
+            assert not Command.objects.filter(occurrence_id=occurrence_id).exists()
+        else:
+            # A claim came first: the claimed action can no longer be edited.
+            assert edit == "not_editable", results
+            assert Counter(r[0] for r in claims) == {"approved": 1, "replayed": PROCS - 2}, results
+            (winner,) = [e for e, r in zip(executions, claims, strict=True) if r[0] == "approved"]
+            _assert_one_command(occurrence_id, winner)
+    print(f"edit against claims: {dict(seen)}")
+
+
+def test_revoke_racing_claims_either_revokes_or_is_too_late(
+    pool: Pool, tenant: Tenant, reviewer: Any, admin_user: Any, runtime: Runtime
+) -> None:
+    seen: Counter[str] = Counter()
+    for round_no in range(ROUNDS):
+        occurrence_id, token = _approved_token(runtime, reviewer, dict(REFUND_ARGS))
+        approval = Approval.objects.get(occurrence_id=occurrence_id)
+        executions = [f"revoke-race-{round_no}-{i}" for i in range(PROCS - 1)]
+        claim_args: dict[str, Any] = {
+            "tenant_id": tenant.pk,
+            "token": token,
+            "jitter_ms": 20 * (round_no % 2),
+        }
+        results = pool.run(
+            [(revoke_job, {"approval_id": approval.pk, "admin_id": admin_user.pk})]
+            + [(claim_job, {**claim_args, "execution_id": e}) for e in executions]
+        )
+
+        revoke, claims = results[0], results[1:]
+        seen[revoke] += 1
+        if revoke == "revoked":
+            assert Counter((r[0], r[1]) for r in claims) == {
+                ("revoked", "revoked_by_admin"): PROCS - 1
+            }, results
+            assert not Command.objects.filter(occurrence_id=occurrence_id).exists()
+        else:
+            assert revoke == "not_revocable", results
+            assert Counter(r[0] for r in claims) == {"approved": 1, "replayed": PROCS - 2}, results
+            (winner,) = [e for e, r in zip(executions, claims, strict=True) if r[0] == "approved"]
+            _assert_one_command(occurrence_id, winner)
+    print(f"revoke against claims: {dict(seen)}")
 
 
 # --- the review -------------------------------------------------------------------------
