@@ -396,6 +396,9 @@ def _panel_context(
         expires_in = timesince(now, approval.expires_at).split(",")[0]
 
     context: dict[str, Any] = {
+        "editable": is_reviewer
+        and occurrence.status in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}
+        and decision.state != PanelState.CONSUMED,
         "occurrence": occurrence,
         "decision": decision,
         "proposal": proposal,
@@ -445,6 +448,7 @@ def _panel_context(
             len(history),
             context["can_decide"],
             context["can_revoke"],
+            context["editable"],
         ]
     )
     context["stamp"] = stamp
@@ -549,7 +553,6 @@ def _review_context(
 ) -> dict[str, Any]:
     context = _panel_context(request, access, occurrence, **panel)
     proposal: Proposal = context["proposal"]
-    decision: DecisionView = context["decision"]
     proposals = list(occurrence.proposals.all())
     action_html, hidden = _reveal(pretty(proposal.canonical_action))
 
@@ -560,11 +563,6 @@ def _review_context(
     if base is None and proposal.version > 1:
         base = next((p for p in proposals if p.version == proposal.version - 1), None)
 
-    editable = (
-        context["is_reviewer"]
-        and occurrence.status in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}
-        and decision.state != PanelState.CONSUMED
-    )
     if edit_form is None:
         arguments = json.dumps(_arguments(proposal), indent=2, ensure_ascii=False)
         edit_form = EditForm(
@@ -584,7 +582,6 @@ def _review_context(
         diff_base=base,
         diff_rows=_diff_rows(base, proposal) if base else [],
         since_mode=base is not None and base.action_digest == since_digest,
-        editable=editable,
         edit_form=edit_form,
         edit_errors=edit_errors or [],
         next_version=proposal.version + 1,
@@ -745,7 +742,7 @@ def reject(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
                 request, access, occurrence_id, Notice("error", REFUSALS.get(exc.code, exc.message))
             )
         else:
-            notice = Notice("success", "Rejected. The agent gets your reason.")
+            notice = Notice("success", "You rejected this request. The agent gets your reason.")
             return _decided(request, access, occurrence_id, notice)
     if request.htmx:
         return _panel_response(request, access, occurrence_id, reject_form=form)
@@ -778,7 +775,7 @@ def revoke(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         except services.ServiceError as exc:
             raise PermissionDenied(exc.message) from exc
     if revoked:
-        notice = Notice("success", "Revoked. A claim with this approval is now refused.")
+        notice = Notice("success", "You revoked this approval.")
     else:
         notice = Notice("error", "There is no issued approval to revoke any more.")
     return _decided(request, access, occurrence_id, notice)

@@ -336,7 +336,10 @@ def test_edit_of_a_stale_version_keeps_the_text_and_shows_the_new_version(
 
 def test_edit_form_is_absent_once_the_request_is_decided(reviewer: Any, pending: str) -> None:
     client = signed_in(reviewer)
-    client.post(f"/reviews/{pending}/reject", {"reason": "no"})
+    response = client.post(f"/reviews/{pending}/reject", {"reason": "no"}, headers=HTMX)
+    # The open page drops its edit form out of band.
+    gone = parse(response).by_id["edit-section"]
+    assert "hidden" in gone.attrs and gone.attrs["hx-swap-oob"] == "true"
     assert not parse(client.get(f"/reviews/{pending}/")).has("edit-form")
     response = client.post(
         f"/reviews/{pending}/edit",
