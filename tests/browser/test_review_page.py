@@ -22,7 +22,7 @@ from tests.browser.conftest import (
     track_navigations,
     wait_for_state,
 )
-from tests.conftest import REFUND_ARGS, Runtime
+from tests.conftest import REFUND_ARGS, Runtime, approve
 
 pytestmark = [
     pytest.mark.browser,
@@ -166,3 +166,43 @@ def test_refund_above_threshold_needs_a_second_reviewer(
     assert Approval.objects.filter(occurrence_id=occurrence_id).count() == 1
 
     wait_for_state(first, "issued")
+
+
+def test_edit_form_goes_away_when_the_request_is_decided_elsewhere(
+    page: Page, runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+    expect(page.locator("#edit-form")).to_be_visible()
+
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=occurrence_id),
+        reviewer=second_reviewer,
+        reason="Duplicate of an earlier refund.",
+    )
+    wait_for_state(page, "rejected")
+    expect(page.locator("#edit-form")).to_have_count(0, timeout=3_000)
+
+
+def test_saving_an_edit_after_the_claim_says_why_it_was_not_saved(
+    contexts: Contexts, runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    # Without JavaScript nothing polls, so the form stays as it was when the page loaded,
+    # exactly as for a reviewer whose page has not polled yet.
+    context = contexts.browser.new_context(base_url=contexts.base_url, java_script_enabled=False)
+    contexts.opened.append(context)
+    page = context.new_page()
+    occurrence_id = propose(runtime)
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+
+    approve(occurrence_id, second_reviewer)
+    token = runtime.token(occurrence_id).json()["token"]
+    assert runtime.claim(token, "exec-1").status_code == 200
+
+    page.locator("#edit-form textarea[name=arguments]").fill(
+        json.dumps({**REFUND_ARGS, "amount_minor": 7000})
+    )
+    page.locator("#edit-form").get_by_role("button", name="Save as new version").click()
+    expect(page.locator("main")).to_contain_text(re.compile("can no longer be edited", re.I))
