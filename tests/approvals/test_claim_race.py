@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
+from django.db import connection, connections
 from django.test import Client
 
 from approvals import services
@@ -35,7 +35,13 @@ from approvals.models import (
 )
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
-pytestmark = [pytest.mark.race, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [
+    pytest.mark.race,
+    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
+    ),
+]
 
 PROCS = 8
 ROUNDS = 50
