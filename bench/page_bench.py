@@ -64,9 +64,12 @@ from approvals.models import (  # noqa: E402
 
 OCCURRENCES_AT_SCALE_1 = 100_000
 AUDIT_EVENTS_AT_SCALE_1 = 1_000_000
-# One claimed occurrence whose spent token a misbehaving runtime keeps replaying: its
-# history is that long. Pages must stay usable for it (and for whoever investigates it).
+# Two occurrences with long histories, which pages must survive: a claimed one whose
+# spent token a misbehaving runtime keeps replaying, and an approved one whose still-valid
+# token a runtime keeps presenting with the wrong arguments. The second is not final, so
+# its page polls the decision panel every few seconds.
 HOT_OCCURRENCE = 14
+HOT_ISSUED = 11
 HOT_EVENTS_AT_SCALE_1 = 5_000
 TENANT_SLUG = "bench"
 REVIEWER = "bench-reviewer"
@@ -104,6 +107,7 @@ def install_urlconf() -> None:
 
 
 HOT_OCCURRENCE_ID = f"00000000-0000-4000-8000-{HOT_OCCURRENCE:012x}"
+HOT_ISSUED_ID = f"00000000-0000-4000-8000-{HOT_ISSUED:012x}"
 
 
 def occ_id(g: str) -> str:
@@ -160,6 +164,7 @@ AUDIT_KINDS = [
 
 @dataclass
 class Seeded:
+    long_history: int
     occurrences: int
     proposals: int
     audit_events: int
@@ -224,7 +229,9 @@ def seed(*, n: int, m: int, hot: int, tenant_id: int, key_id: int, reviewer: Any
             CASE WHEN o.status = 'claimed'
                 THEN left(encode(sha256(convert_to('fp-' || o.id, 'UTF8')), 'hex'), 16)
                 ELSE '' END,
-            o.created_at + interval '2 minutes', o.created_at + interval '17 minutes',
+            o.created_at + interval '2 minutes',
+            CASE WHEN o.id = '{HOT_ISSUED_ID}' THEN now() + interval '30 days'
+                ELSE o.created_at + interval '17 minutes' END,
             CASE WHEN o.status = 'claimed' THEN o.created_at + interval '3 minutes' END,
             NULL,
             CASE WHEN o.status = 'claimed' THEN o.created_at + interval '4 minutes' END,
@@ -273,6 +280,15 @@ def seed(*, n: int, m: int, hot: int, tenant_id: int, key_id: int, reviewer: Any
             now() - interval '1 hour' + e * interval '10 ms', now(), '{{}}'::jsonb
         FROM generate_series(1, {hot}) AS e, {Approval._meta.db_table} a
         WHERE a.occurrence_id = {occ_id(str(HOT_OCCURRENCE))}""",
+        f"""INSERT INTO {AuditEvent._meta.db_table}
+            (event_id, kind, tenant_id, occurrence_id, actor, token_fingerprint, decision,
+             reason_code, execution_id, message_id, command_id, trace_id, source_time,
+             ingested_at, data)
+        SELECT gen_random_uuid(), 'claim.scope_mismatch', {tenant_id}, '{HOT_ISSUED_ID}',
+            'runtime', '', 'scope_mismatch', 'action_differs',
+            'exec-retry-' || e, 'msg-' || e, NULL, md5(e::text),
+            now() - interval '1 hour' + e * interval '10 ms', now(), '{{}}'::jsonb
+        FROM generate_series(1, {hot}) AS e""",
     ]
     with transaction.atomic(), connection.cursor() as cursor:
         for sql in statements:
@@ -297,14 +313,11 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
     hot = max(10, round(HOT_EVENTS_AT_SCALE_1 * scale))
     User = get_user_model()
     reviewer = User.objects.filter(username=REVIEWER).first()
-    if reviewer is not None and counts()[0] == n and counts()[2] == m + hot:
+    if reviewer is not None and counts()[0] == n and counts()[2] == m + 2 * hot:
         occurrences, proposals, events = counts()
-        return Seeded(occurrences, proposals, events, 0.0, reused=True), reviewer
+        return Seeded(hot, occurrences, proposals, events, 0.0, reused=True), reviewer
     if reviewer is not None:
-        raise SystemExit(
-            "The bench database holds data of another scale; run without --keep once to "
-            "recreate it."
-        )
+        raise StaleBenchDatabase
     tenant = services.tenant_create(slug=TENANT_SLUG, name="Bench Shop")
     key, _ = services.runtime_key_create(tenant=tenant, name="bench-runtime")
     reviewer = User.objects.create_user(username=REVIEWER, password="bench-password-unused")
@@ -312,7 +325,11 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
     seconds = seed(n=n, m=m, hot=hot, tenant_id=tenant.pk, key_id=key.pk, reviewer=reviewer)
     check_seeded_digests()
     occurrences, proposals, events = counts()
-    return Seeded(occurrences, proposals, events, seconds, reused=False), reviewer
+    return Seeded(hot, occurrences, proposals, events, seconds, reused=False), reviewer
+
+
+class StaleBenchDatabase(Exception):
+    """A kept bench database seeded at another scale (or by an older bench)."""
 
 
 # --- measuring -------------------------------------------------------------------------
@@ -397,7 +414,6 @@ def pages(client: Client) -> list[Page]:
         .order_by("-created_at")
         .values_list("pk", flat=True)[0]
     )
-    hot = HOT_OCCURRENCE_ID
     edited = str(
         Proposal.objects.filter(version=2, occurrence__status=Occurrence.Status.PENDING_REVIEW)
         .order_by("-created_at")
@@ -413,10 +429,12 @@ def pages(client: Client) -> list[Page]:
     result += [
         Page("review, consumed", f"/reviews/{consumed}/", {}),
         Page("review, pending v2", f"/reviews/{edited}/", {}),
-        Page("review, replayed token", f"/reviews/{hot}/", {}),
+        Page("review, long history, final", f"/reviews/{HOT_OCCURRENCE_ID}/", {}),
+        Page("review, long history, issued", f"/reviews/{HOT_ISSUED_ID}/", {}),
     ]
-    # A final state does not poll; a pending page does, every couple of seconds.
+    # A final state does not poll; a pending or issued page does, every couple of seconds.
     result += _poll(client, f"/reviews/{edited}/", "panel poll, unchanged")
+    result += _poll(client, f"/reviews/{HOT_ISSUED_ID}/", "panel poll, long history")
     return result
 
 
@@ -487,7 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         verbosity=0, autoclobber=True, serialize=False, keepdb=args.keep
     )
     try:
-        seeded, reviewer = prepare(args.scale)
+        try:
+            seeded, reviewer = prepare(args.scale)
+        except StaleBenchDatabase:
+            connection.creation.destroy_test_db(original, verbosity=0)
+            connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+            seeded, reviewer = prepare(args.scale)
         client = Client()
         client.force_login(reviewer)
         try:
@@ -504,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"page_bench: database {name} (PostgreSQL {server}), scale {args.scale:g}: "
             f"{seeded.occurrences:,} occurrences, {seeded.proposals:,} proposals, "
-            f"{seeded.audit_events:,} audit events ({how})"
+            f"{seeded.audit_events:,} audit events ({how}), two occurrences with "
+            f"{seeded.long_history:,} events each"
         )
         print(
             f"{args.iterations} timed requests per page after {args.warmup} warm-up; "

@@ -52,11 +52,13 @@ def test_page_bench_prints_its_table_at_tiny_scale() -> None:
         "inbox /reviews/",
         "review, consumed",
         "review, pending v2",
-        "review, replayed token",
+        "review, long history, final",
+        "review, long history, issued",
         # Found from the pages' hx-trigger="every ..." elements: their absence means the
         # bench no longer finds what the pages poll.
         "inbox poll, unchanged (htmx)",
         "panel poll, unchanged (htmx)",
+        "panel poll, long history (htmx)",
     ]
     for label in labels:
         row = next((line for line in out.splitlines() if line.startswith(label)), None)
