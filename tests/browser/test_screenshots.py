@@ -122,6 +122,13 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def _shoot(page: Page, path: Path) -> None:
     page.mouse.move(0, 0)  # no hover styles in the picture
+    # data-state changes on swap, but htmx settles the new classes (the panel's colours)
+    # a moment later: wait for that, and for CSS transitions, so a picture never mixes
+    # two states.
+    page.wait_for_function(
+        "() => !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')"
+    )
+    page.wait_for_timeout(400)
     page.screenshot(path=str(path), animations="disabled", caret="hide")
     assert _png_size(path) == (VIEWPORT["width"], VIEWPORT["height"])
 
