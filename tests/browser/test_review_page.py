@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from approvals import services
 from approvals.canonical import canonicalize
-from approvals.models import Approval, ApprovalVote, Occurrence
+from approvals.models import Approval, ApprovalVote, Command, Occurrence
 from tests.browser.conftest import (
     Contexts,
     login,
@@ -91,6 +91,16 @@ def test_approve_then_runtime_claim_turns_panel_consumed_without_reload(
     assert page.url == review_url
     assert navigations.urls == []
     assert page.evaluate("window.__sameDocument") is True
+
+    # The panel keeps polling while the command can still change, and shows its outcome
+    # (here written as a worker would); once the command has settled, polling stops.
+    Command.objects.filter(pk=command_id).update(state=Command.State.SUCCEEDED)
+    expect(panel(page)).to_contain_text("Succeeded")
+    page.wait_for_timeout(500)
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if "/panel" in r.url else None)
+    page.wait_for_timeout(5_000)
+    assert polls == []
 
 
 def test_approving_a_stale_digest_is_refused_and_shows_the_new_version(
