@@ -462,8 +462,7 @@ def run_arm(arm: str, world: World, claims: int, procs: int, contenders: int) ->
 
 
 def count_queries(world: World) -> dict[str, int]:
-    """Round trips per decision of the service, BEGIN and COMMIT included (arm a makes 5
-    for a won claim and 4 for a refused one)."""
+    """Round trips per decision of the service, BEGIN and COMMIT included."""
     claim = ServiceClaimer(world.tenant.pk)
     item, other = make_approvals(world, 2)
     counts = {}
@@ -510,7 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{contenders} per approval, best of {args.repeat}; {server}"
     )
     profile = count_queries(world)
-    print("round trips per claim (b): " + ", ".join(f"{k} {v}" for k, v in profile.items()))
+    print(
+        "round trips per claim, BEGIN and COMMIT included: a approved 5, refused 4; b "
+        + ", ".join(f"{k} {v}" for k, v in profile.items())
+    )
     print()
 
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in args.arms}
