@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from approvals import services
-from approvals.models import Membership, Occurrence, RuntimeKey, Tenant
+from approvals.models import Membership, Occurrence, RuntimeKey, Tenant, ToolContract
 
 PASSWORD = "correct-horse-battery"
 
@@ -89,6 +90,24 @@ def make_runtime(tenant: Tenant, name: str = "agent") -> Runtime:
 def fast_password_hashing(settings: Any) -> None:
     # The default hasher is slow on purpose; tests create many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+SHIPPED_CONTRACTS = importlib.import_module(
+    "approvals.migrations.0003_shipped_tool_contracts"
+).CONTRACTS
+
+
+@pytest.fixture(autouse=True)
+def shipped_contracts(request: pytest.FixtureRequest) -> None:
+    """The contracts the data migration installs. A transactional test (races, browser)
+    flushes every table when it ends, so later tests would otherwise find none."""
+    uses_db = "_django_db_helper" in request.fixturenames
+    if not uses_db and request.node.get_closest_marker("django_db") is None:
+        return
+    request.getfixturevalue("_django_db_helper")
+    for contract in SHIPPED_CONTRACTS:
+        if not ToolContract.objects.filter(name=contract["name"]).exists():
+            ToolContract.objects.create(**contract)
 
 
 @pytest.fixture
