@@ -19,6 +19,8 @@ DATABASE_URL names the server and credentials only: the bench creates (and drops
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -501,15 +503,19 @@ def main(argv: list[str] | None = None) -> int:
     connection.settings_dict.setdefault("TEST", {})["NAME"] = (
         args.db_name or f"{original}_page_bench"
     )
-    name = connection.creation.create_test_db(
-        verbosity=0, autoclobber=True, serialize=False, keepdb=args.keep
-    )
+    # Django reports dropping a leftover bench database on stderr before it recreates it;
+    # that is the expected path here, not news.
+    with contextlib.redirect_stderr(io.StringIO()):
+        name = connection.creation.create_test_db(
+            verbosity=0, autoclobber=True, serialize=False, keepdb=args.keep
+        )
     try:
         try:
             seeded, reviewer = prepare(args.scale)
         except StaleBenchDatabase:
             connection.creation.destroy_test_db(original, verbosity=0)
-            connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+            with contextlib.redirect_stderr(io.StringIO()):
+                connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
             seeded, reviewer = prepare(args.scale)
         client = Client()
         client.force_login(reviewer)
