@@ -548,6 +548,42 @@ _NOW_SQL = {
 }
 
 
+# What the guard compares with when the presented action breaks its contract: no SHA-256
+# hex digest is "-", so the UPDATE consumes nothing, and the refusal is still explained
+# from the approval as it stands (replayed, expired and revoked keep their precedence).
+_NO_DIGEST = "-"
+
+
+def _claimable_digest(tool: str, arguments: Any) -> str | None:
+    """The digest of the presented action, or None if no approval can cover it: the tool
+    has no contract, or the arguments break the contract's JSON Schema.
+
+    Without this, canonical form alone would let ``"amount_minor": 8000.0`` (which RFC 8785
+    writes as ``8000``) match an approval of 8000, where the proposal itself would have
+    been refused with ``float_not_allowed``.
+    """
+    schema = _contract_schema(tool)
+    if schema is None:
+        return None
+    try:
+        validate_arguments(schema, arguments)
+        return canonicalize(tool, arguments).digest
+    except InputError:
+        return None
+
+
+def _contract_schema(tool: str) -> Any:
+    """The tool contract's JSON Schema, or None if there is no such tool."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT json_schema FROM {ToolContract._meta.db_table} WHERE name = %s",  # noqa: S608
+            (tool,),
+        )
+        row = cursor.fetchone()
+    # Both backends hand jsonb/JSON columns back as text (Django decodes JSONField itself).
+    return None if row is None else json.loads(row[0])
+
+
 def _consume(
     *, tenant: Tenant, token_hash: str, digest: str, execution_id: str
 ) -> tuple[int, uuid.UUID, str, int] | None:
@@ -594,25 +630,34 @@ def approval_claim(
     claim. The epoch, the command and the audit event are written in the same transaction.
     A refusal reads the approval once, after the UPDATE, to name the decision, and leaves
     it as it was.
+
+    The presented arguments are checked against the tool contract first, as a proposal's
+    are: an action that breaks the contract (an unknown tool, a float where the schema
+    wants an integer) can match no approval and is refused as ``scope_mismatch`` with
+    reason ``action_invalid``.
     """
-    action = canonicalize(tool, arguments)
+    digest = _claimable_digest(tool, arguments)
     token_hash = tokens.hash_secret(token)
 
     with transaction.atomic():
         consumed = _consume(
-            tenant=tenant, token_hash=token_hash, digest=action.digest, execution_id=execution_id
+            tenant=tenant,
+            token_hash=token_hash,
+            digest=digest or _NO_DIGEST,
+            execution_id=execution_id,
         )
         if consumed is None:
             return _claim_refused(
                 tenant=tenant,
                 token=token,
                 token_hash=token_hash,
-                digest=action.digest,
+                digest=digest,
                 tool=tool,
                 execution_id=execution_id,
                 message_id=message_id,
             )
         approval_id, occurrence_id, fingerprint, epochs = consumed
+        assert digest is not None  # _NO_DIGEST matches no approval
         epoch = Epoch.objects.create(
             occurrence_id=occurrence_id,
             number=epochs + 1,
@@ -628,7 +673,7 @@ def approval_claim(
             epoch=epoch,
             execution_id=execution_id,
             idempotency_key=f"cmd_{command_id.hex}",
-            action_digest=action.digest,
+            action_digest=digest,
         )
         Occurrence.objects.filter(pk=occurrence_id, status=Occurrence.Status.APPROVED).update(
             status=Occurrence.Status.CLAIMED, updated_at=DbNow()
@@ -650,11 +695,14 @@ def approval_claim(
 
 
 def _explain_refusal(
-    approval: Approval, digest: str, tool: str, execution_id: str
+    approval: Approval, digest: str | None, tool: str, execution_id: str
 ) -> tuple[str, str]:
+    """``digest`` is None when the presented action breaks its contract."""
     if approval.state == Approval.State.CONSUMED:
         if approval.consumed_by_execution != execution_id:
             return Decision.REPLAYED, "consumed_by_other_execution"
+        if digest is None:
+            return Decision.SCOPE_MISMATCH, "action_invalid"
         if approval.action_digest == digest:
             return Decision.DUPLICATE_DELIVERY, "same_execution_redelivery"
         return Decision.SCOPE_MISMATCH, "action_differs"
@@ -664,6 +712,8 @@ def _explain_refusal(
         return Decision.EXPIRED, "expired"
     if approval.superseded_at is not None:
         return Decision.SCOPE_MISMATCH, "proposal_superseded"
+    if digest is None:
+        return Decision.SCOPE_MISMATCH, "action_invalid"
     if approval.tool_name != tool:
         return Decision.SCOPE_MISMATCH, "tool_differs"
     return Decision.SCOPE_MISMATCH, "action_differs"
@@ -674,7 +724,7 @@ def _claim_refused(
     tenant: Tenant,
     token: str,
     token_hash: str,
-    digest: str,
+    digest: str | None,
     tool: str,
     execution_id: str,
     message_id: str,

@@ -96,6 +96,8 @@ def claim_expecting(
 
 
 ARGS_WITHOUT_REASON = {k: v for k, v in REFUND_ARGS.items() if k != "reason"}
+MESSAGE_ARGS = {"to": "ana@example.com", "subject": "Your refund", "body": "It is on its way."}
+FLOAT_AMOUNT_ARGS = {**REFUND_ARGS, "amount_minor": 8000.0}
 
 
 @pytest.mark.parametrize(
@@ -113,16 +115,33 @@ ARGS_WITHOUT_REASON = {k: v for k, v in REFUND_ARGS.items() if k != "reason"}
         pytest.param(
             "issue_refund", {**REFUND_ARGS, "currency": "USD"}, "action_differs", id="currency"
         ),
-        pytest.param("send_message", REFUND_ARGS, "tool_differs", id="tool"),
+        pytest.param("send_message", MESSAGE_ARGS, "tool_differs", id="tool"),
+        # Actions that break their tool's contract can match no approval at all.
+        pytest.param("send_message", REFUND_ARGS, "action_invalid", id="tool-with-its-arguments"),
+        pytest.param("wire_money", REFUND_ARGS, "action_invalid", id="unknown-tool"),
         pytest.param(
-            "issue_refund", {**REFUND_ARGS, "note": "x"}, "action_differs", id="added-argument"
+            "issue_refund", {**REFUND_ARGS, "note": "x"}, "action_invalid", id="added-argument"
         ),
-        pytest.param("issue_refund", ARGS_WITHOUT_REASON, "action_differs", id="missing-argument"),
+        pytest.param("issue_refund", ARGS_WITHOUT_REASON, "action_invalid", id="missing-argument"),
         pytest.param(
             "issue_refund",
             {**REFUND_ARGS, "amount_minor": "8000"},
-            "action_differs",
+            "action_invalid",
             id="amount-as-string",
+        ),
+        # RFC 8785 writes 8000.0 as 8000, so only the contract tells it from the approved
+        # integer: money is integer minor units, and a float is refused, never rounded.
+        pytest.param(
+            "issue_refund",
+            {**REFUND_ARGS, "amount_minor": 8000.0},
+            "action_invalid",
+            id="amount-as-integral-float",
+        ),
+        pytest.param(
+            "issue_refund",
+            {**REFUND_ARGS, "amount_minor": True},
+            "action_invalid",
+            id="amount-as-boolean",
         ),
     ],
 )
@@ -212,6 +231,14 @@ def test_expired_wins_over_a_changed_action(runtime: Runtime, approved: str, tok
     claim_expecting(
         runtime, token, "exec-a", "expired", "expired", arguments={**REFUND_ARGS, "amount_minor": 1}
     )
+
+
+@transaction_clock
+def test_expired_wins_over_an_invalid_action(runtime: Runtime, approved: str, token: str) -> None:
+    approval = _approval(approved)
+    _expire_at(approval, _transaction_now())
+
+    claim_expecting(runtime, token, "exec-a", "expired", "expired", arguments=FLOAT_AMOUNT_ARGS)
 
 
 # --- revocation and rejection -----------------------------------------------------------
@@ -324,6 +351,47 @@ def test_same_execution_with_another_action_is_scope_mismatch(
         arguments={**REFUND_ARGS, "amount_minor": 1},
     )
     assert Command.objects.count() == 1
+
+
+def test_invalid_action_after_the_claim_is_neither_a_redelivery_nor_a_new_claim(
+    runtime: Runtime, approved: str, token: str
+) -> None:
+    claim_expecting(runtime, token, "exec-a", "approved", "claimed")
+
+    # The same execution with a float amount is not handed the command...
+    claim_expecting(
+        runtime, token, "exec-a", "scope_mismatch", "action_invalid", arguments=FLOAT_AMOUNT_ARGS
+    )
+    # ...and another execution is told what matters most: the token is spent.
+    claim_expecting(
+        runtime,
+        token,
+        "exec-b",
+        "replayed",
+        "consumed_by_other_execution",
+        arguments=FLOAT_AMOUNT_ARGS,
+    )
+    assert Command.objects.count() == 1
+
+
+def test_service_refuses_a_float_amount_that_canonicalizes_to_the_approved_one(
+    runtime: Runtime, approved: str, token: str
+) -> None:
+    # The service itself refuses, whatever parsed the body.
+    result = services.approval_claim(
+        tenant=runtime.key.tenant,
+        token=token,
+        tool="issue_refund",
+        arguments=FLOAT_AMOUNT_ARGS,
+        execution_id="exec-a",
+    )
+
+    assert (result.decision, result.reason, result.command) == (
+        "scope_mismatch",
+        "action_invalid",
+        None,
+    )
+    assert _approval(approved).state == Approval.State.ISSUED
 
 
 def test_raw_token_is_not_logged(
