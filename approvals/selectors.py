@@ -83,6 +83,33 @@ def audit_events_after(*, tenant: Tenant, after: int = 0) -> Iterator[AuditEvent
 CONSOLE_ROLES = (Membership.Role.REVIEWER, Membership.Role.ADMIN)
 
 
+class ConsoleAccess:
+    """A user's console roles by tenant, read once per request."""
+
+    def __init__(self, memberships: list[Membership]) -> None:
+        self.roles: dict[int, set[str]] = {}
+        self.tenants: list[Tenant] = []
+        for membership in memberships:
+            if membership.tenant_id not in self.roles:
+                self.roles[membership.tenant_id] = set()
+                self.tenants.append(membership.tenant)
+            self.roles[membership.tenant_id].add(membership.role)
+
+    @property
+    def tenant_ids(self) -> list[int]:
+        return list(self.roles)
+
+    def is_reviewer(self, tenant_id: int) -> bool:
+        return Membership.Role.REVIEWER in self.roles.get(tenant_id, set())
+
+    def is_admin(self, tenant_id: int) -> bool:
+        return Membership.Role.ADMIN in self.roles.get(tenant_id, set())
+
+
+def console_access(user: Any) -> ConsoleAccess:
+    return ConsoleAccess(console_memberships(user))
+
+
 def console_memberships(user: Any) -> list[Membership]:
     """The user's reviewer and admin memberships with their tenants, in one query."""
     if not user.is_authenticated:
@@ -244,4 +271,31 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
         needed=needed,
         approval=approval,
         command=command,
+    )
+
+
+@dataclass(frozen=True)
+class ReviewSnapshot:
+    """What a review page reads about one occurrence, at one moment."""
+
+    occurrence: Occurrence
+    decision: DecisionView
+    history: list[AuditEvent]
+    # Reviewers of the tenant, read only while the decision is still open.
+    reviewer_names: list[str]
+    now: datetime
+
+
+def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> ReviewSnapshot:
+    """The decision, the audit history and, while undecided, who could still approve: a
+    fixed number of queries on top of ``review_queryset``, however long the history."""
+    now = now or timezone.now()
+    decision = occurrence_decision(occurrence, now)
+    undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
+    return ReviewSnapshot(
+        occurrence=occurrence,
+        decision=decision,
+        history=occurrence_history(occurrence),
+        reviewer_names=tenant_reviewer_names(occurrence.tenant_id) if undecided else [],
+        now=now,
     )

@@ -1,0 +1,754 @@
+"""How the console shows what it stores: plain functions and dataclasses that turn rows
+already read into what a page displays. No requests, no queries, so each is testable alone.
+
+Everything an agent wrote passes through ``reveal`` (escaped, hidden characters shown) or
+is left to the template's autoescaping; nothing here marks agent text safe unescaped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+
+from approvals.canonical import pretty
+from approvals.forms import STATE_ALL, STATE_CHOICES
+from approvals.models import AuditEvent, Occurrence, Proposal, ToolContract
+from approvals.selectors import DecisionView, PanelState, ReviewSnapshot, approval_state
+
+PANEL_POLL_SECONDS = 2
+INBOX_POLL_SECONDS = 5
+
+
+def stamp(parts: Any) -> str:
+    """A short name for what a polled fragment shows; equal names mean nothing changed."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+# --- showing agent-supplied text ------------------------------------------------------
+
+# Characters that render as nothing, as a space, or that reorder the text around them
+# (bidi controls): a reviewer could not see them, so they are shown as JSON escapes.
+_HIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
+
+
+def is_hidden(char: str) -> bool:
+    if char in "\n\t":
+        return False
+    category = unicodedata.category(char)
+    return category in _HIDDEN_CATEGORIES or (category == "Zs" and char != " ")
+
+
+def json_escape(char: str) -> str:
+    """``char`` as JSON writes it escaped: ``\\uXXXX``, or a surrogate pair above U+FFFF."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+@dataclass(frozen=True)
+class Revealed:
+    html: SafeString
+    hidden: int
+
+
+def reveal(text: str) -> Revealed:
+    """Escaped HTML of ``text`` with hidden characters shown as highlighted ``\\uXXXX``.
+
+    In JSON, every non-ASCII character sits inside a string, where ``\\uXXXX`` denotes the
+    same character: the revealed text still parses to the exact digested value.
+    """
+    pieces: list[SafeString] = []
+    hidden = 0
+    run = ""
+    for char in text:
+        if not is_hidden(char):
+            run += char
+            continue
+        if run:
+            pieces.append(format_html("{}", run))
+            run = ""
+        hidden += 1
+        pieces.append(
+            format_html(
+                '<mark class="hidden-char" title="Invisible character U+{}">{}</mark>',
+                f"{ord(char):04X}",
+                json_escape(char),
+            )
+        )
+    if run:
+        pieces.append(format_html("{}", run))
+    return Revealed(format_html_join("", "{}", ((piece,) for piece in pieces)), hidden)
+
+
+def reveal_html(text: str) -> SafeString:
+    return reveal(text).html
+
+
+def plain_reveal(text: str) -> str:
+    """``text`` with hidden characters as ``\\uXXXX``, for a textarea."""
+    return "".join(json_escape(c) if is_hidden(c) and ord(c) > 0x7F else c for c in text)
+
+
+def json_value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def arguments_of(proposal: Proposal) -> dict[str, Any]:
+    arguments = json.loads(proposal.canonical_action).get("arguments", {})
+    return arguments if isinstance(arguments, dict) else {}
+
+
+# --- money ------------------------------------------------------------------------------
+
+# ISO 4217 minor units that differ from the usual 2. Codes not listed here have 2.
+_MINOR_UNITS = {
+    **dict.fromkeys(
+        [
+            "BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX",
+            "UYI", "VND", "VUV", "XAF", "XOF", "XPF",
+        ],
+        0,
+    ),
+    **dict.fromkeys(["BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"], 3),
+    **dict.fromkeys(["CLF", "UYW"], 4),
+}  # fmt: skip
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_MINOR_SUFFIX = "_minor"
+_MAX_MONEY_LINES = 20
+
+
+def minor_units(currency: str) -> int:
+    """Digits after the decimal point in ``currency`` (ISO 4217); 2 unless listed."""
+    return _MINOR_UNITS.get(currency, 2)
+
+
+def format_money(amount_minor: int, currency: str) -> str:
+    """``8000, "EUR"`` -> ``"EUR 80.00"``; ``12000, "JPY"`` -> ``"JPY 12,000"``.
+
+    Integer arithmetic only: the amount is shown exactly, never rounded through a float.
+    """
+    digits = minor_units(currency)
+    sign = "-" if amount_minor < 0 else ""
+    whole, fraction = divmod(abs(amount_minor), 10**digits)
+    text = f"{whole:,}"
+    if digits:
+        text += f".{fraction:0{digits}d}"
+    return f"{currency} {sign}{text}"
+
+
+@dataclass(frozen=True)
+class MoneyLine:
+    """One amount read for a person: which argument it comes from and what it says."""
+
+    label: SafeString  # "Amount"; keys come from the agent, so hidden characters are shown
+    path: SafeString  # "amount_minor", or "lines[0].amount_minor" inside nested values
+    amount_minor: int
+    currency: str
+    text: str  # "EUR 80.00"
+
+
+def _is_amount(key: str, value: Any) -> bool:
+    return (
+        key.endswith(_MINOR_SUFFIX)
+        and len(key) > len(_MINOR_SUFFIX)
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    )
+
+
+def _label(key: str) -> str:
+    words = key.removesuffix(_MINOR_SUFFIX).replace("_", " ").strip()
+    return words[:1].upper() + words[1:]
+
+
+def _money_in(value: Any, path: str) -> Iterator[MoneyLine]:
+    if isinstance(value, dict):
+        currency = value.get("currency")
+        if isinstance(currency, str) and _CURRENCY.fullmatch(currency):
+            for key, amount in value.items():
+                if _is_amount(key, amount):
+                    yield MoneyLine(
+                        label=reveal_html(_label(key)),
+                        path=reveal_html(f"{path}.{key}" if path else key),
+                        amount_minor=amount,
+                        currency=currency,
+                        text=format_money(amount, currency),
+                    )
+        for key, nested in value.items():
+            if isinstance(nested, dict | list):
+                yield from _money_in(nested, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, nested in enumerate(value):
+            yield from _money_in(nested, f"{path}[{index}]")
+
+
+def money_lines(arguments: dict[str, Any]) -> list[MoneyLine]:
+    """Every integer ``*_minor`` amount that has a ``currency`` code beside it.
+
+    Only a three-letter upper-case code counts as a currency; anything else is left as the
+    JSON shows it rather than guessed at.
+    """
+    lines: list[MoneyLine] = []
+    for line in _money_in(arguments, ""):
+        lines.append(line)
+        if len(lines) == _MAX_MONEY_LINES:
+            break
+    return lines
+
+
+# --- the inbox ---------------------------------------------------------------------------
+
+
+def argument_summary(arguments: dict[str, Any], limit: int = 110) -> SafeString:
+    """``key=value, ...`` on one line, cut at ``limit`` characters, hidden characters shown."""
+    text = ", ".join(f"{k}={json_value(v)}" for k, v in arguments.items())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return reveal_html(text)
+
+
+def age(then: datetime, now: datetime) -> str:
+    if (now - then).total_seconds() < 60:
+        return "just now"
+    return timesince(then, now).split(",")[0] + " ago"
+
+
+def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
+    """An inbox row's badge: the occurrence's status, refined by its approval."""
+    status = occurrence.status
+    approvals = getattr(occurrence, "current_approvals", [])
+    if status == Occurrence.Status.APPROVED and approvals:
+        approval = approvals[0]
+        if approval_state(approval, now) == "expired":
+            return "expired", "Expired"
+        if approval.delivered_at:
+            return "delivered", "Token delivered"
+    badge = "pending" if status == Occurrence.Status.PENDING_REVIEW else status
+    return badge, Occurrence.Status(status).label
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    occurrence: Occurrence
+    summary: SafeString
+    money: list[MoneyLine]
+    requested_by: SafeString
+    run_id: SafeString
+    badge: str
+    label: str
+    age: str
+
+
+def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
+    """One row, from an occurrence loaded by ``selectors.inbox_occurrences``."""
+    proposals = getattr(occurrence, "current_proposals", [])
+    arguments = arguments_of(proposals[0]) if proposals else {}
+    badge, label = inbox_badge(occurrence, now)
+    return InboxRow(
+        occurrence=occurrence,
+        summary=argument_summary(arguments) if proposals else SafeString(""),
+        money=money_lines(arguments),
+        requested_by=reveal_html(occurrence.requested_by),
+        run_id=reveal_html(occurrence.run_id),
+        badge=badge,
+        label=label,
+        age=age(occurrence.created_at, now),
+    )
+
+
+def inbox_list(
+    occurrences: Iterable[Occurrence], *, tool: str, state: str, page: int, total: int
+) -> dict[str, Any]:
+    """What the inbox list shows, and the stamp its poll compares to skip an unchanged list."""
+    now = timezone.now()
+    rows = [inbox_row(occurrence, now) for occurrence in occurrences]
+    filters = {"tool": tool, "state": state}
+    rendered = stamp(
+        [filters, page, total] + [(r.occurrence.pk, r.badge, r.age, r.summary) for r in rows]
+    )
+    state_label = dict(STATE_CHOICES)[state]
+    counted = "requests in all states" if state == STATE_ALL else state_label.lower()
+    poll_query = urlencode({**filters, "page": page, "rendered": rendered})
+    return {
+        "tool": tool,
+        "state": state,
+        "state_label": state_label,
+        "state_choices": STATE_CHOICES,
+        "rows": rows,
+        "stamp": rendered,
+        "query": urlencode(filters),
+        "poll_url": f"{reverse('approvals:inbox')}?{poll_query}",
+        "poll_seconds": INBOX_POLL_SECONDS,
+        "announce": f"{total} {counted}",
+    }
+
+
+# --- the history table ------------------------------------------------------------------
+
+# Claim decisions an investigator must not miss: each is a refused use of an approval.
+SECURITY_DECISIONS = {
+    "replayed": "Replay refused",
+    "scope_mismatch": "Scope mismatch",
+    "unknown_token": "Unknown token",
+    "expired": "Expired token",
+    "revoked": "Revoked token",
+}
+
+OUTCOME_TEXT = {
+    "replayed": "Another execution already used this approval; this one was refused.",
+    "scope_mismatch": "The claimed action is not the approved one; refused, token unused.",
+    "unknown_token": "No such token in this tenant; refused.",
+    "expired": "The approval had expired; refused.",
+    "revoked": "The approval was revoked; refused.",
+    "duplicate_delivery": (
+        "The same execution delivered its claim again (a queue redelivery): it got the "
+        "existing command back; nothing ran twice."
+    ),
+}
+
+_HISTORY_DETAIL_KEYS = [
+    "version",
+    "from_version",
+    "to_version",
+    "votes",
+    "needed",
+    "approvers",
+    "expires_at",
+    "epoch",
+    "idempotency_key",
+    "justification",
+    "reason",
+]
+
+
+def detail_value(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if moment.tzinfo is not None:
+            return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Detail:
+    key: str
+    value: str
+    code: bool  # an identifier, shown in monospace and wrapped anywhere
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    event: AuditEvent
+    kind: SafeString  # the event kind, breakable only after its dots
+    details: list[Detail]
+    flag: str  # "security", "redelivery" or ""
+    flag_label: str
+    outcome: str  # the decision in words, or ""
+
+
+def history_row(event: AuditEvent) -> HistoryRow:
+    data = event.data if isinstance(event.data, dict) else {}
+    details = [
+        Detail(key.replace("_", " "), detail_value(data[key]), code=key == "idempotency_key")
+        for key in _HISTORY_DETAIL_KEYS
+        if key in data
+    ]
+    if event.execution_id:
+        details.append(Detail("execution", event.execution_id, code=True))
+    if event.message_id:
+        details.append(Detail("message", event.message_id, code=True))
+    if event.command_id:
+        details.append(Detail("command", str(event.command_id), code=True))
+
+    decision = event.decision
+    flag = flag_label = outcome = ""
+    if decision in SECURITY_DECISIONS:
+        flag = "security"
+        if event.kind == "approval.revoked":
+            flag_label, outcome = "Approval revoked", "An admin revoked the approval."
+        else:
+            flag_label, outcome = SECURITY_DECISIONS[decision], OUTCOME_TEXT[decision]
+    elif decision == "duplicate_delivery":
+        flag, flag_label = "redelivery", "Redelivery · healthy"
+        outcome = OUTCOME_TEXT[decision]
+    kind = format_html_join(SafeString(".<wbr>"), "{}", ((part,) for part in event.kind.split(".")))
+    return HistoryRow(event, kind, details, flag, flag_label, outcome)
+
+
+def history_rows(events: Iterable[AuditEvent]) -> list[HistoryRow]:
+    return [history_row(event) for event in events]
+
+
+# --- evidence summary ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvidencePart:
+    text: str  # "2 deliveries of execution"
+    names: list[str] = field(default_factory=list)  # agent-supplied execution ids
+    in_parentheses: bool = False
+    alarm: bool = False
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def evidence_summary(events: Iterable[AuditEvent]) -> list[EvidencePart]:
+    """One line telling a redelivery from a replay, from the occurrence's claim events:
+    ``1 command · 2 deliveries of execution worker-a · 1 replay refused (worker-b)``."""
+    claims = [e for e in events if e.kind.startswith("claim.")]
+    commands = {e.command_id for e in claims if e.decision == "approved"}
+    approved = [e for e in claims if e.decision == "approved"]
+    deliveries: Counter[str] = Counter(
+        e.execution_id for e in claims if e.decision in {"approved", "duplicate_delivery"}
+    )
+    replays = [e for e in claims if e.decision == "replayed"]
+    others = Counter(
+        e.decision for e in claims if e.decision in SECURITY_DECISIONS and e.decision != "replayed"
+    )
+
+    parts = [EvidencePart(_plural(len(commands), "command", "commands"), alarm=len(commands) > 1)]
+    if len(approved) > 1:
+        parts.append(EvidencePart(f"{len(approved)} approved claims: control failure", alarm=True))
+    for execution, count in deliveries.items():
+        parts.append(
+            EvidencePart(
+                _plural(count, "delivery of execution", "deliveries of execution"),
+                names=[execution],
+            )
+        )
+    if replays:
+        names = list(dict.fromkeys(e.execution_id for e in replays))
+        parts.append(
+            EvidencePart(
+                _plural(len(replays), "replay refused", "replays refused"),
+                names=names,
+                in_parentheses=True,
+                alarm=True,
+            )
+        )
+    else:
+        parts.append(EvidencePart("no replay attempts"))
+    for decision, count in others.items():
+        label = SECURITY_DECISIONS[decision].lower()
+        parts.append(
+            EvidencePart(_plural(count, f"claim refused: {label}", f"claims refused: {label}"))
+        )
+    return parts
+
+
+def evidence_text(parts: Iterable[EvidencePart]) -> str:
+    """The summary as plain text, as the page reads it out."""
+    out = []
+    for part in parts:
+        text = part.text
+        if part.names:
+            names = ", ".join(part.names)
+            text += f" ({names})" if part.in_parentheses else f" {names}"
+        out.append(text)
+    return " · ".join(out)
+
+
+# --- labels -------------------------------------------------------------------------------
+
+PANEL_LABELS = {
+    PanelState.PENDING: "Pending review",
+    PanelState.AWAITING_QUORUM: "Awaiting quorum",
+    PanelState.ISSUED: "Approved",
+    PanelState.DELIVERED: "Token delivered",
+    PanelState.CONSUMED: "Consumed",
+    PanelState.REJECTED: "Rejected",
+    PanelState.REVOKED: "Revoked",
+    PanelState.EXPIRED: "Expired",
+    PanelState.AUTO_ADMITTED: "Auto-admitted",
+}
+
+REPLAY_SAFETY_HELP = {
+    ToolContract.ReplaySafety.READ_ONLY: "changes nothing; may be repeated",
+    ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY: "a repeat with the same key has no new effect",
+    ToolContract.ReplaySafety.EFFECT_QUERYABLE: "its effect can be looked up before a retry",
+    ToolContract.ReplaySafety.UNSAFE: "never repeated without an explicit decision",
+}
+
+# Refusals a reviewer can meet, said in the console's words.
+REFUSALS = {
+    "not_pending": "Another decision was recorded first; this is the current state.",
+    "self_approval": "You requested this action, so another reviewer must approve it.",
+    "not_editable": "This request can no longer be edited: it is no longer pending or unclaimed.",
+}
+
+
+@dataclass(frozen=True)
+class Notice:
+    level: str  # success, info, warning, error
+    text: str
+
+
+def quorum_rule(tool: ToolContract, arguments: dict[str, Any] | None = None) -> str:
+    """The tool's approval rule in words; the threshold also as money when this call's
+    arguments carry a currency beside the amount."""
+    if tool.quorum_amount_argument and tool.quorum_threshold_minor is not None:
+        threshold = f"{tool.quorum_threshold_minor}"
+        currency = (arguments or {}).get("currency")
+        if isinstance(currency, str) and _CURRENCY.fullmatch(currency):
+            threshold += f" ({format_money(tool.quorum_threshold_minor, currency)})"
+        return (
+            f"{tool.approvals_required} distinct reviewers when {tool.quorum_amount_argument} "
+            f"is above {threshold}; otherwise 1"
+        )
+    if tool.approvals_required == 1:
+        return "1 reviewer"
+    return f"{tool.approvals_required} distinct reviewers"
+
+
+def duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 120:
+        return f"{minutes} minute{'' if minutes == 1 else 's'}"
+    return f"{minutes // 60} hours" + (f" {minutes % 60} minutes" if minutes % 60 else "")
+
+
+# --- the review page ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who looks at a review page, and what their roles in its tenant let them do."""
+
+    username: str
+    is_reviewer: bool
+    is_admin: bool
+
+
+@dataclass(frozen=True)
+class DecisionPanel:
+    """Everything the decision panel shows, and the stamp its poll compares."""
+
+    occurrence: Occurrence
+    decision: DecisionView
+    proposal: Proposal
+    approval: Any
+    command: Any
+    state_label: str
+    shown: Proposal
+    shown_is_current: bool
+    is_reviewer: bool
+    is_admin: bool
+    is_requester: bool
+    has_voted: bool
+    undecided: bool
+    can_decide: bool
+    can_revoke: bool
+    editable: bool
+    still_needed: int
+    eligible: list[str]
+    rejected_by: str
+    rejection_reason: SafeString
+    expires_in: str
+    history: list[AuditEvent]
+    history_rows: list[HistoryRow]
+    evidence: list[EvidencePart]
+    evidence_text: str
+    now: datetime
+    stamp: str
+    poll_url: str
+    poll_seconds: int
+
+    def context(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def decision_panel(
+    snapshot: ReviewSnapshot, viewer: Viewer, *, shown_digest: str = ""
+) -> DecisionPanel:
+    occurrence, decision, history = snapshot.occurrence, snapshot.decision, snapshot.history
+    now = snapshot.now
+    proposal = decision.proposal
+    # The digest the page on screen displays: the approve form sends it, never a newer one.
+    shown = next(
+        (p for p in occurrence.proposals.all() if p.action_digest == shown_digest), proposal
+    )
+    undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
+    approval = decision.approval
+    eligible = [
+        name
+        for name in snapshot.reviewer_names
+        if name not in decision.voters and name != occurrence.requested_by
+    ]
+    expires_in = ""
+    if approval is not None and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}:
+        expires_in = timesince(now, approval.expires_at).split(",")[0]
+    editable = (
+        viewer.is_reviewer
+        and occurrence.status in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}
+        and decision.state != PanelState.CONSUMED
+    )
+    can_decide = viewer.is_reviewer and undecided
+    can_revoke = viewer.is_admin and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}
+    evidence = evidence_summary(history) if decision.state == PanelState.CONSUMED else []
+
+    rendered = stamp(
+        [
+            decision.state,
+            proposal.action_digest,
+            shown.action_digest,
+            decision.voters,
+            decision.needed,
+            None
+            if approval is None
+            else (
+                approval.state,
+                approval.delivered_at,
+                approval.consumed_at,
+                approval.revoked_at,
+                approval.fingerprint,
+            ),
+            None if decision.command is None else (decision.command.pk, decision.command.state),
+            expires_in,
+            eligible,
+            len(history),
+            can_decide,
+            can_revoke,
+            editable,
+        ]
+    )
+    poll_url = ""
+    if not decision.final:
+        query = urlencode({"shown": shown.action_digest, "rendered": rendered})
+        poll_url = f"{reverse('approvals:panel', args=[occurrence.pk])}?{query}"
+
+    return DecisionPanel(
+        occurrence=occurrence,
+        decision=decision,
+        proposal=proposal,
+        approval=approval,
+        command=decision.command,
+        state_label=PANEL_LABELS[decision.state],
+        shown=shown,
+        shown_is_current=shown.pk == proposal.pk,
+        is_reviewer=viewer.is_reviewer,
+        is_admin=viewer.is_admin,
+        is_requester=bool(occurrence.requested_by) and occurrence.requested_by == viewer.username,
+        has_voted=viewer.username in decision.voters,
+        undecided=undecided,
+        can_decide=can_decide,
+        can_revoke=can_revoke,
+        editable=editable,
+        still_needed=max(decision.needed - len(decision.votes), 0),
+        eligible=eligible,
+        rejected_by=next(
+            (e.actor for e in reversed(history) if e.kind == "occurrence.rejected"), ""
+        ),
+        rejection_reason=reveal_html(occurrence.rejection_reason),
+        expires_in=expires_in,
+        history=history,
+        history_rows=history_rows(history),
+        evidence=evidence,
+        evidence_text=evidence_text(evidence),
+        now=now,
+        stamp=rendered,
+        poll_url=poll_url,
+        poll_seconds=PANEL_POLL_SECONDS,
+    )
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    key: SafeString
+    old: SafeString
+    new: SafeString
+    change: str  # added, removed, changed
+
+
+def diff_rows(old: Proposal, new: Proposal) -> list[DiffRow]:
+    """The arguments that differ between two versions, by name."""
+    before, after = arguments_of(old), arguments_of(new)
+    rows = []
+    for key in sorted(set(before) | set(after)):
+        old_text = json_value(before[key]) if key in before else ""
+        new_text = json_value(after[key]) if key in after else ""
+        if key in before and key in after and old_text == new_text:
+            continue
+        change = "added" if key not in before else "removed" if key not in after else "changed"
+        rows.append(DiffRow(reveal_html(key), reveal_html(old_text), reveal_html(new_text), change))
+    return rows
+
+
+def diff_base(proposals: list[Proposal], current: Proposal, since_digest: str) -> Proposal | None:
+    """The version a diff starts from: the one the reviewer saw before, else the previous."""
+    base = next(
+        (p for p in proposals if p.action_digest == since_digest and p.pk != current.pk), None
+    )
+    if base is None and current.version > 1:
+        base = next((p for p in proposals if p.version == current.version - 1), None)
+    return base
+
+
+def edit_initial(proposal: Proposal) -> dict[str, str]:
+    """The edit form's starting text: the current arguments, hidden characters escaped."""
+    arguments = json.dumps(arguments_of(proposal), indent=2, ensure_ascii=False)
+    return {"arguments": plain_reveal(arguments), "action_digest": proposal.action_digest}
+
+
+def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, Any]:
+    """What the review page shows around the decision panel."""
+    occurrence = panel.occurrence
+    proposal = panel.proposal
+    proposals = list(occurrence.proposals.all())
+    action = reveal(pretty(proposal.canonical_action))
+    arguments = arguments_of(proposal)
+    base = diff_base(proposals, proposal, since_digest)
+    tool = occurrence.tool
+    return {
+        "tool": tool,
+        "tenant": occurrence.tenant,
+        "versions": len(proposals),
+        "action_html": action.html,
+        "hidden_chars": action.hidden,
+        "money": money_lines(arguments),
+        "reason_html": reveal_html(occurrence.reason),
+        "requested_by_html": reveal_html(occurrence.requested_by),
+        "run_id_html": reveal_html(occurrence.run_id),
+        "diff_base": base,
+        "diff_rows": diff_rows(base, proposal) if base else [],
+        "since_mode": base is not None and base.action_digest == since_digest,
+        "next_version": proposal.version + 1,
+        "replay_help": REPLAY_SAFETY_HELP.get(ToolContract.ReplaySafety(tool.replay_safety), ""),
+        "quorum_rule": quorum_rule(tool, arguments),
+        "lifetime": duration(tool.approval_lifetime.total_seconds()),
+    }
+
+
+def input_errors(details: list[dict[str, Any]], field: str | None, message: str) -> list[str]:
+    """An InputError's messages with ``arguments.`` taken off the field names."""
+    if not details:
+        return [_field_message(field, message)]
+    return [_field_message(d.get("field"), d.get("message", "")) for d in details]
+
+
+def _field_message(field: str | None, message: str) -> str:
+    if field and field.startswith("arguments."):
+        return f"{field.removeprefix('arguments.')}: {message}"
+    return message
