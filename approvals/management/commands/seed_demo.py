@@ -5,6 +5,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals import services
@@ -74,6 +75,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", default="demo")
+        parser.add_argument(
+            "--base-url",
+            default="http://127.0.0.1:8000",
+            help="Where the console is served, for the sign-in link it prints.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant, _ = Tenant.objects.get_or_create(
@@ -98,7 +104,8 @@ class Command(BaseCommand):
             services.occurrence_propose(runtime_key=key, **proposal)
 
         self.stdout.write(f"Demo tenant: {tenant.slug}")
-        self.stdout.write("Sign in at http://127.0.0.1:8000/accounts/login/ as:")
+        login_url = options["base_url"].rstrip("/") + reverse("login")
+        self.stdout.write(f"Sign in at {login_url} as:")
         for username, password, roles in DEMO_USERS:
             self.stdout.write(f"  {username:<10} password {password:<16} ({', '.join(roles)})")
         self.stdout.write("Runtime key for the agent API (shown only now):")
