@@ -392,7 +392,14 @@ def history_row(event: AuditEvent) -> HistoryRow:
     elif decision == "duplicate_delivery":
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = OUTCOME_TEXT[decision]
-    kind = format_html_join(SafeString(".<wbr>"), "{}", ((part,) for part in event.kind.split(".")))
+    # Inline blocks, so a narrow column breaks a kind only after its dots (a <wbr> would
+    # also break where the column is wide enough: Chromium ignores nowrap for it).
+    parts = event.kind.split(".")
+    kind = format_html_join(
+        "",
+        '<span class="kind-part">{}</span>',
+        ((part + ("." if n < len(parts) - 1 else ""),) for n, part in enumerate(parts)),
+    )
     return HistoryRow(event, kind, details, flag, flag_label, outcome)
 
 

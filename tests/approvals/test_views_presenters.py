@@ -163,7 +163,9 @@ def test_history_details_name_identifiers_and_keep_them_whole() -> None:
         ("message", "msg-1", True),
         ("command", "7c9e6679-7425-40de-944b-e07fc1f90ae7", True),
     ]
-    assert row.kind == "claim.<wbr>approved"
+    assert row.kind == (
+        '<span class="kind-part">claim.</span><span class="kind-part">approved</span>'
+    )
 
 
 # --- the evidence line ---------------------------------------------------------------------
