@@ -26,7 +26,7 @@ from django.utils.timesince import timesince
 
 from approvals.canonical import pretty
 from approvals.forms import STATE_ALL, STATE_CHOICES
-from approvals.models import AuditEvent, Occurrence, Proposal, ToolContract
+from approvals.models import Approval, AuditEvent, Command, Occurrence, Proposal, ToolContract
 from approvals.selectors import DecisionView, PanelState, ReviewSnapshot, approval_state
 
 PANEL_POLL_SECONDS = 2
@@ -556,8 +556,8 @@ class DecisionPanel:
     occurrence: Occurrence
     decision: DecisionView
     proposal: Proposal
-    approval: Any
-    command: Any
+    approval: Approval | None
+    command: Command | None
     state_label: str
     shown: Proposal
     shown_is_current: bool
