@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from approvals import tokens
+from approvals import claim_sql, tokens
 from approvals.canonical import InputError, canonicalize, validate_arguments
 from approvals.models import (
     Approval,
@@ -34,6 +35,7 @@ from approvals.models import (
 )
 
 log = structlog.get_logger("approvals")
+_stdlib_log = logging.getLogger("approvals")
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -85,8 +87,10 @@ def audit_record(
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one audit event. Call it inside the transaction of the change it records."""
-    trace_id = structlog.contextvars.get_contextvars().get("trace_id", "")
-    event = AuditEvent.objects.create(
+    now = timezone.now()  # produced and ingested here, in the same step
+    event = claim_sql.insert_row(
+        AuditEvent,
+        event_id=uuid.uuid4(),
         kind=kind,
         tenant_id=tenant if isinstance(tenant, int) else tenant.pk,
         occurrence_id=occurrence.pk if isinstance(occurrence, Occurrence) else occurrence,
@@ -97,19 +101,22 @@ def audit_record(
         execution_id=execution_id,
         message_id=message_id,
         command_id=command_id,
-        trace_id=trace_id,
-        source_time=timezone.now(),
+        trace_id=structlog.contextvars.get_contextvars().get("trace_id", ""),
+        source_time=now,
+        ingested_at=now,
         data=data or {},
     )
-    log.info(
-        "audit",
-        kind=kind,
-        decision=decision,
-        reason_code=reason_code,
-        fingerprint=token_fingerprint,
-        execution_id=execution_id,
-        occurrence_id=str(event.occurrence_id or ""),
-    )
+    # Every claim writes one of these lines; when INFO is off, not even the event dict is built.
+    if _stdlib_log.isEnabledFor(logging.INFO):
+        log.info(
+            "audit",
+            kind=kind,
+            decision=decision,
+            reason_code=reason_code,
+            fingerprint=token_fingerprint,
+            execution_id=execution_id,
+            occurrence_id=str(event.occurrence_id or ""),
+        )
     return event
 
 
@@ -526,28 +533,6 @@ class ClaimResult:
         return self.decision in {Decision.APPROVED, Decision.DUPLICATE_DELIVERY}
 
 
-# The one statement that decides a claim. It is written out rather than built with
-# QuerySet.update() for two reasons: RETURNING hands back the row it consumed (so no read
-# precedes the guard, and no read-then-write window can exist), and the ORM's query
-# compilation was most of the claim's cost (see bench/claim_bench.py). The epoch count rides
-# along; a concurrent epoch insert would make the epoch INSERT fail on its unique
-# constraint, never produce a second command.
-_CLAIM_SQL = """
-    UPDATE {approval}
-       SET state = %s, consumed_at = {now}, consumed_by_execution = %s
-     WHERE tenant_id = %s AND token_hash = %s AND state = %s AND action_digest = %s
-       AND superseded_at IS NULL AND expires_at > {now}
- RETURNING id, occurrence_id, fingerprint,
-           (SELECT COUNT(*) FROM {epoch} WHERE {epoch}.occurrence_id = {approval}.occurrence_id)
-"""
-
-# DbNow() in SQL: the transaction's start on PostgreSQL; Django's own Now() on SQLite.
-_NOW_SQL = {
-    "postgresql": "CURRENT_TIMESTAMP",
-    "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",
-}
-
-
 # What the guard compares with when the presented action breaks its contract: no SHA-256
 # hex digest is "-", so the UPDATE consumes nothing, and the refusal is still explained
 # from the approval as it stands (replayed, expired and revoked keep their precedence).
@@ -562,7 +547,7 @@ def _claimable_digest(tool: str, arguments: Any) -> str | None:
     writes as ``8000``) match an approval of 8000, where the proposal itself would have
     been refused with ``float_not_allowed``.
     """
-    schema = _contract_schema(tool)
+    schema = claim_sql.contract_schema(tool)
     if schema is None:
         return None
     try:
@@ -570,49 +555,6 @@ def _claimable_digest(tool: str, arguments: Any) -> str | None:
         return canonicalize(tool, arguments).digest
     except InputError:
         return None
-
-
-def _contract_schema(tool: str) -> Any:
-    """The tool contract's JSON Schema, or None if there is no such tool."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT json_schema FROM {ToolContract._meta.db_table} WHERE name = %s",  # noqa: S608
-            (tool,),
-        )
-        row = cursor.fetchone()
-    # Both backends hand jsonb/JSON columns back as text (Django decodes JSONField itself).
-    return None if row is None else json.loads(row[0])
-
-
-def _consume(
-    *, tenant: Tenant, token_hash: str, digest: str, execution_id: str
-) -> tuple[int, uuid.UUID, str, int] | None:
-    """Consume the approval if it is issued, in scope and in time; return what was consumed
-    (id, occurrence id, fingerprint, epochs so far), or None if nothing was."""
-    sql = _CLAIM_SQL.format(
-        approval=Approval._meta.db_table,
-        epoch=Epoch._meta.db_table,
-        now=_NOW_SQL[connection.vendor],
-    )
-    params = (
-        str(Approval.State.CONSUMED),
-        execution_id,
-        tenant.pk,
-        token_hash,
-        str(Approval.State.ISSUED),
-        digest,
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    approval_id, occurrence_id, fingerprint, epochs = row
-    # SQLite hands UUIDs back as hex text.
-    occurrence_id = (
-        occurrence_id if isinstance(occurrence_id, uuid.UUID) else uuid.UUID(occurrence_id)
-    )
-    return approval_id, occurrence_id, fingerprint, epochs
 
 
 def approval_claim(
@@ -627,21 +569,23 @@ def approval_claim(
     """Turn an approval into exactly one command, or say precisely why not.
 
     One conditional UPDATE decides; the row it returns is the only thing that admits a
-    claim. The epoch, the command and the audit event are written in the same transaction.
-    A refusal reads the approval once, after the UPDATE, to name the decision, and leaves
-    it as it was.
+    claim. The epoch, the command, the occurrence's status and the audit event are written
+    in the same transaction. A refusal reads the approval once, after the UPDATE, to name
+    the decision, and leaves it as it was.
 
     The presented arguments are checked against the tool contract first, as a proposal's
     are: an action that breaks the contract (an unknown tool, a float where the schema
     wants an integer) can match no approval and is refused as ``scope_mismatch`` with
     reason ``action_invalid``.
+
+    The statements themselves are in ``approvals.claim_sql``.
     """
     digest = _claimable_digest(tool, arguments)
     token_hash = tokens.hash_secret(token)
 
     with transaction.atomic():
-        consumed = _consume(
-            tenant=tenant,
+        consumed = claim_sql.consume(
+            tenant_id=tenant.pk,
             token_hash=token_hash,
             digest=digest or _NO_DIGEST,
             execution_id=execution_id,
@@ -656,34 +600,39 @@ def approval_claim(
                 execution_id=execution_id,
                 message_id=message_id,
             )
-        approval_id, occurrence_id, fingerprint, epochs = consumed
         assert digest is not None  # _NO_DIGEST matches no approval
-        epoch = Epoch.objects.create(
-            occurrence_id=occurrence_id,
-            number=epochs + 1,
+        now = timezone.now()
+        epoch = claim_sql.insert_row(
+            Epoch,
+            id=uuid.uuid4(),
+            occurrence_id=consumed.occurrence_id,
+            number=consumed.epochs + 1,
             execution_id=execution_id,
-            justification=Epoch.Justification.APPROVAL,
+            justification=Epoch.Justification.APPROVAL.value,
+            previous_id=None,
+            created_at=now,
         )
         command_id = uuid.uuid4()
-        command = Command.objects.create(
+        command = claim_sql.insert_row(
+            Command,
             id=command_id,
-            tenant=tenant,
-            occurrence_id=occurrence_id,
-            approval_id=approval_id,
-            epoch=epoch,
+            tenant_id=tenant.pk,
+            occurrence_id=consumed.occurrence_id,
+            approval_id=consumed.approval_id,
+            epoch_id=epoch.id,
             execution_id=execution_id,
             idempotency_key=f"cmd_{command_id.hex}",
             action_digest=digest,
+            state=Command.State.PENDING.value,
+            created_at=now,
         )
-        Occurrence.objects.filter(pk=occurrence_id, status=Occurrence.Status.APPROVED).update(
-            status=Occurrence.Status.CLAIMED, updated_at=DbNow()
-        )
+        claim_sql.occurrence_mark_claimed(consumed.occurrence_id)
         audit_record(
             kind="claim.approved",
             tenant=tenant,
-            occurrence=occurrence_id,
+            occurrence=consumed.occurrence_id,
             actor="runtime",
-            token_fingerprint=fingerprint,
+            token_fingerprint=consumed.fingerprint,
             decision=Decision.APPROVED,
             reason_code="claimed",
             execution_id=execution_id,
@@ -695,7 +644,7 @@ def approval_claim(
 
 
 def _explain_refusal(
-    approval: Approval, digest: str | None, tool: str, execution_id: str
+    approval: claim_sql.FoundApproval, digest: str | None, tool: str, execution_id: str
 ) -> tuple[str, str]:
     """``digest`` is None when the presented action breaks its contract."""
     if approval.state == Approval.State.CONSUMED:
@@ -708,9 +657,9 @@ def _explain_refusal(
         return Decision.SCOPE_MISMATCH, "action_differs"
     if approval.state == Approval.State.REVOKED:
         return Decision.REVOKED, "revoked_by_admin"
-    if approval.state == Approval.State.EXPIRED or approval.expires_at <= approval.db_now:  # type: ignore[attr-defined]
+    if approval.state == Approval.State.EXPIRED or approval.expired:
         return Decision.EXPIRED, "expired"
-    if approval.superseded_at is not None:
+    if approval.superseded:
         return Decision.SCOPE_MISMATCH, "proposal_superseded"
     if digest is None:
         return Decision.SCOPE_MISMATCH, "action_invalid"
@@ -730,11 +679,7 @@ def _claim_refused(
     message_id: str,
 ) -> ClaimResult:
     """Name the refusal from the approval as the guard left it, and record it."""
-    approval = (
-        Approval.objects.annotate(db_now=DbNow())
-        .filter(tenant=tenant, token_hash=token_hash)
-        .first()
-    )
+    approval = claim_sql.find_approval(tenant_id=tenant.pk, token_hash=token_hash)
     command = None
     if approval is None or not tokens.hashes_match(approval.token_hash or "", token):
         approval = None
@@ -742,7 +687,7 @@ def _claim_refused(
     else:
         decision, reason = _explain_refusal(approval, digest, tool, execution_id)
         if decision == Decision.DUPLICATE_DELIVERY:
-            command = Command.objects.get(approval=approval)
+            command = Command.objects.get(approval_id=approval.id)
     audit_record(
         kind=f"claim.{decision}",
         tenant=tenant,

@@ -394,6 +394,36 @@ def test_service_refuses_a_float_amount_that_canonicalizes_to_the_approved_one(
     assert _approval(approved).state == Approval.State.ISSUED
 
 
+def _columns(obj: Any) -> dict[str, Any]:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+def test_admitted_claim_hands_back_the_command_exactly_as_stored(
+    runtime: Runtime, approved: str, token: str
+) -> None:
+    result = services.approval_claim(
+        tenant=runtime.key.tenant,
+        token=token,
+        tool="issue_refund",
+        arguments=dict(REFUND_ARGS),
+        execution_id="exec-a",
+        message_id="msg-a",
+    )
+
+    assert result.command is not None
+    command = Command.objects.get()
+    assert _columns(result.command) == _columns(command)
+    assert command.idempotency_key == f"cmd_{command.id.hex}"
+    assert (command.epoch.number, command.epoch.execution_id) == (1, "exec-a")
+    assert Occurrence.objects.get(pk=approved).status == Occurrence.Status.CLAIMED
+    event = AuditEvent.objects.get(kind="claim.approved")
+    assert (event.command_id, event.message_id, event.data) == (
+        command.id,
+        "msg-a",
+        {"epoch": 1, "idempotency_key": command.idempotency_key},
+    )
+
+
 def test_raw_token_is_not_logged(
     runtime: Runtime, approved: str, token: str, caplog: pytest.LogCaptureFixture
 ) -> None:
