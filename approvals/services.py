@@ -145,8 +145,11 @@ def tenant_create(*, slug: str, name: str = "") -> Tenant:
 def runtime_key_create(*, tenant: Tenant, name: str) -> tuple[RuntimeKey, str]:
     """Create a runtime key and return it with the raw key, which is never stored."""
     raw = tokens.mint(tokens.RUNTIME_KEY_PREFIX)
+    # "rk_" and four random characters: enough to tell keys apart in the admin, while
+    # almost all of the key's randomness exists only in the raw key.
+    prefix = raw[: len(tokens.RUNTIME_KEY_PREFIX) + 4]
     key = RuntimeKey.objects.create(
-        tenant=tenant, name=name, key_hash=tokens.hash_secret(raw), prefix=raw[:10]
+        tenant=tenant, name=name, key_hash=tokens.hash_secret(raw), prefix=prefix
     )
     return key, raw
 
@@ -206,7 +209,7 @@ def occurrence_propose(
                 status=Occurrence.Status.AUTO_ADMITTED
                 if auto
                 else Occurrence.Status.PENDING_REVIEW,
-                admission_justification="policy:read_only" if auto else "",
+                admission_justification=Epoch.Justification.READ_ONLY.value if auto else "",
             )
             Proposal.objects.create(
                 occurrence=occurrence,

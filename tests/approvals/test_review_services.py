@@ -13,7 +13,15 @@ import pytest
 
 from approvals import services, tokens
 from approvals.canonical import InputError
-from approvals.models import Approval, ApprovalVote, AuditEvent, Membership, Occurrence, Tenant
+from approvals.models import (
+    Approval,
+    ApprovalVote,
+    AuditEvent,
+    Epoch,
+    Membership,
+    Occurrence,
+    Tenant,
+)
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
 BIG_REFUND = {**REFUND_ARGS, "amount_minor": 50001}
@@ -422,3 +430,26 @@ def test_bulk_revoke_revokes_only_issued_approvals(
         occurrences[2].pk: Approval.State.REVOKED,
     }
     assert AuditEvent.objects.filter(kind="approval.revoked", actor="kill-switch").count() == 2
+
+
+# --- admission by policy, runtime keys ------------------------------------------------------
+
+
+def test_read_only_call_is_admitted_with_the_justification_an_epoch_would_name(
+    runtime: Runtime,
+) -> None:
+    occurrence = _propose(runtime, tool="lookup_order", arguments={"order_id": "ord_1"})
+
+    assert occurrence.status == Occurrence.Status.AUTO_ADMITTED
+    assert occurrence.admission_justification == Epoch.Justification.READ_ONLY
+    assert _events(occurrence) == [
+        ("occurrence.auto_admitted", "policy", "auto_admitted", "policy_read_only")
+    ]
+
+
+def test_runtime_key_keeps_only_its_prefix_and_four_characters_in_clear(tenant: Tenant) -> None:
+    key, raw = services.runtime_key_create(tenant=tenant, name="ci")
+
+    assert key.prefix == raw[:7]
+    assert key.prefix.startswith(tokens.RUNTIME_KEY_PREFIX)
+    assert key.key_hash == tokens.hash_secret(raw)
