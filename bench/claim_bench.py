@@ -24,9 +24,11 @@ so point it at a database of its own and drop that to clean up.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import logging
 import multiprocessing
 import os
+import pstats
 import sys
 import time
 import uuid
@@ -480,6 +482,29 @@ def count_queries(world: World) -> dict[str, int]:
     return counts
 
 
+def profile_service(world: World, claims: int, contenders: int) -> None:
+    """Arm b's claims one after another in this process under cProfile: the same mix of
+    decisions as a run (each approval claimed by ``contenders`` executions), without the
+    concurrency, so that the functions the time goes to can be read off."""
+    claim = ServiceClaimer(world.tenant.pk)
+    items = make_approvals(world, max(1, claims // contenders))
+    connection.ensure_connection()
+    profiler = cProfile.Profile()
+    started, cpu = time.perf_counter(), time.process_time()
+    profiler.enable()
+    for item in items:
+        for n in range(contenders):
+            claim(item, f"profile-{n}-{item.approval_id}")
+    profiler.disable()
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    done = len(items) * contenders
+    print(
+        f"{done} claims in one process, profiled: {seconds / done * 1e6:.0f} µs each, "
+        f"{cpu / done * 1e6:.0f} µs of it this process's CPU (the rest is the database)\n"
+    )
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -497,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log", action="store_true", help="keep the service's INFO log lines (slower)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the arms, profile arm b's claims in one process (cProfile)",
+    )
     args = parser.parse_args(argv)
     if not args.log:
         logging.getLogger("approvals").setLevel(logging.WARNING)
@@ -508,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         f"claim bench: {args.claims} claims per arm and run, {args.procs} processes, "
         f"{contenders} per approval, best of {args.repeat}; {server}"
     )
+    if args.profile:
+        profile_service(world, args.claims, contenders)
+        return 0
     profile = count_queries(world)
     print(
         "round trips per claim, BEGIN and COMMIT included: a approved 5, refused 4; b "
