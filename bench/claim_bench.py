@@ -16,6 +16,13 @@ It prints claims per second per arm, the ratio b/a, and the double claims per ar
 that got past the guard for an approval another claim also got past. It exits 1 if arm b
 has any, or if any approval of a or b ends with other than one command.
 
+Arm a is a bound, not a target. psycopg's own cursor (arm a) prepares
+a statement after its fifth execution, while Django's cursors bind parameters client-side
+and never prepare, so the server parses and plans every statement of arm b; and the service
+runs the statements arm a leaves out (the contract read, the epoch, the occurrence status,
+the read that names a refusal), each a round trip. ``--profile`` shows where arm b's time
+goes in one process.
+
 The database named by DATABASE_URL is created if missing and migrated; each run adds a
 new tenant (``bench-<time>``) and leaves its rows behind (audit events are append-only),
 so point it at a database of its own and drop that to clean up.
