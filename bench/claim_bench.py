@@ -507,7 +507,7 @@ def profile_service(world: World, claims: int, contenders: int) -> None:
     done = len(items) * contenders
     print(
         f"{done} claims in one process, profiled: {seconds / done * 1e6:.0f} µs each, "
-        f"{cpu / done * 1e6:.0f} µs of it this process's CPU (the rest is the database)\n"
+        f"{cpu / done * 1e6:.0f} µs of it this process's CPU (the rest: waiting on the database)\n"
     )
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
