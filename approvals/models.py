@@ -192,7 +192,11 @@ class Occurrence(models.Model):
                 name="occurrence_client_ref_unique",
             ),
         ]
-        indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"]),
+            # The inbox filtered by tool: its count and its pages, without a join.
+            models.Index(fields=["tenant", "tool", "status", "-created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool_id} {self.id}"

@@ -121,17 +121,20 @@ def console_memberships(user: Any) -> list[Membership]:
     )
 
 
-def tool_names() -> list[str]:
-    return list(ToolContract.objects.order_by("name").values_list("name", flat=True))
+def tool_ids() -> dict[str, int]:
+    """Tool contract ids by name, in name order: the inbox's tool filter."""
+    return dict(ToolContract.objects.order_by("name").values_list("name", "id"))
 
 
 def inbox_occurrences(
-    *, tenant_ids: Iterable[int], tool: str = "", status: str = ""
+    *, tenant_ids: Iterable[int], tool_id: int | None = None, status: str = ""
 ) -> QuerySet[Occurrence]:
     """Occurrences of the given tenants, newest first, with what an inbox row shows.
 
     The current proposal and its approval are prefetched into ``current_proposals`` and
     ``current_approvals`` so a page of rows costs the same few queries however long it is.
+    The tool is filtered by id, so that the count runs on the (tenant, tool, status,
+    created_at) index without a join.
     """
     queryset = (
         Occurrence.objects.filter(tenant_id__in=list(tenant_ids))
@@ -150,8 +153,8 @@ def inbox_occurrences(
         )
         .order_by("-created_at", "-pk")
     )
-    if tool:
-        queryset = queryset.filter(tool__name=tool)
+    if tool_id is not None:
+        queryset = queryset.filter(tool_id=tool_id)
     if status:
         queryset = queryset.filter(status=status)
     return queryset

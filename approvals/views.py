@@ -134,11 +134,12 @@ def _open(
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     access = selectors.console_access(request.user)
     scope = _scope(request, access)
-    form = InboxFilterForm(request.GET, tools=selectors.tool_names())
+    tools = selectors.tool_ids()
+    form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
     occurrences = selectors.inbox_occurrences(
         tenant_ids=[scope.pk] if scope else access.tenant_ids,
-        tool=tool,
+        tool_id=tools.get(tool),
         status="" if state == STATE_ALL else state,
     )
     page = Paginator(occurrences, INBOX_PAGE_SIZE).get_page(request.GET.get("page"))

@@ -88,3 +88,21 @@ def test_review_page_queries_do_not_grow_with_versions_and_votes(
         )
     with django_assert_max_num_queries(few):
         client.get(f"/reviews/{occurrence_id}/")
+
+
+def test_tool_filter_counts_on_the_tool_id_without_a_join(runtime: Runtime, reviewer: Any) -> None:
+    propose_many(runtime, 3)
+    propose_many(
+        runtime, 2, tool="send_message", arguments={"to": "a@b.c", "subject": "s", "body": "b"}
+    )
+    with CaptureQueriesContext(connection) as captured:
+        page = parse(signed_in(reviewer).get("/reviews/?tool=send_message"))
+    assert page.text("inbox-count") == "2"
+    table = Occurrence._meta.db_table
+    counts = [
+        q["sql"]
+        for q in captured.captured_queries
+        if "COUNT(" in q["sql"] and f'FROM "{table}"' in q["sql"]
+    ]
+    assert counts and all("tool_id" in sql for sql in counts)
+    assert not [sql for sql in counts if "JOIN" in sql]
