@@ -27,7 +27,15 @@ from django.utils.timesince import timesince
 from approvals.canonical import pretty
 from approvals.forms import STATE_ALL, STATE_CHOICES
 from approvals.models import Approval, AuditEvent, Command, Occurrence, Proposal, ToolContract
-from approvals.selectors import DecisionView, PanelState, ReviewSnapshot, approval_state
+from approvals.selectors import (
+    DELIVERED,
+    EVIDENCE_NAMES,
+    ClaimTally,
+    DecisionView,
+    PanelState,
+    ReviewSnapshot,
+    approval_state,
+)
 
 PANEL_POLL_SECONDS = 2
 INBOX_POLL_SECONDS = 5
@@ -416,53 +424,83 @@ class EvidencePart:
     names: list[str] = field(default_factory=list)  # agent-supplied execution ids
     in_parentheses: bool = False
     alarm: bool = False
+    more: int = 0  # executions not named
+
+    @property
+    def more_text(self) -> str:
+        return f"{self.more:,}"
 
 
 def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def claim_tally_of(events: Iterable[AuditEvent]) -> ClaimTally:
+    """What ``selectors.claim_tally`` counts in the database, counted in a list of events."""
+    claims = [e for e in events if e.kind.startswith("claim.")]
+    by_decision = Counter(e.decision for e in claims)
+    deliveries: Counter[str] = Counter(e.execution_id for e in claims if e.decision in DELIVERED)
+    replayers = list(dict.fromkeys(e.execution_id for e in claims if e.decision == "replayed"))
+    return ClaimTally(
+        by_decision=dict(by_decision),
+        commands=len({e.command_id for e in claims if e.decision == "approved" and e.command_id}),
+        deliveries=list(deliveries.items())[:EVIDENCE_NAMES],
+        replayers=replayers[:EVIDENCE_NAMES],
+        replayer_total=len(replayers),
+    )
 
 
 def evidence_summary(events: Iterable[AuditEvent]) -> list[EvidencePart]:
+    """The evidence line of a list of events; a page counts in the database instead."""
+    return evidence_parts(claim_tally_of(events))
+
+
+def evidence_parts(tally: ClaimTally) -> list[EvidencePart]:
     """One line telling a redelivery from a replay, from the occurrence's claim events:
     ``1 command · 2 deliveries of execution worker-a · 1 replay refused (worker-b)``."""
-    claims = [e for e in events if e.kind.startswith("claim.")]
-    commands = {e.command_id for e in claims if e.decision == "approved"}
-    approved = [e for e in claims if e.decision == "approved"]
-    deliveries: Counter[str] = Counter(
-        e.execution_id for e in claims if e.decision in {"approved", "duplicate_delivery"}
-    )
-    replays = [e for e in claims if e.decision == "replayed"]
-    others = Counter(
-        e.decision for e in claims if e.decision in SECURITY_DECISIONS and e.decision != "replayed"
-    )
-
-    parts = [EvidencePart(_plural(len(commands), "command", "commands"), alarm=len(commands) > 1)]
-    if len(approved) > 1:
-        parts.append(EvidencePart(f"{len(approved)} approved claims: control failure", alarm=True))
-    for execution, count in deliveries.items():
+    approved = tally.by_decision.get("approved", 0)
+    parts = [EvidencePart(_plural(tally.commands, "command", "commands"), alarm=tally.commands > 1)]
+    if approved > 1:
+        parts.append(EvidencePart(f"{approved:,} approved claims: control failure", alarm=True))
+    for execution, count in tally.deliveries:
         parts.append(
             EvidencePart(
                 _plural(count, "delivery of execution", "deliveries of execution"),
                 names=[execution],
             )
         )
-    if replays:
-        names = list(dict.fromkeys(e.execution_id for e in replays))
+    unnamed = sum(tally.by_decision.get(d, 0) for d in DELIVERED) - sum(
+        count for _, count in tally.deliveries
+    )
+    if unnamed > 0:
         parts.append(
             EvidencePart(
-                _plural(len(replays), "replay refused", "replays refused"),
-                names=names,
+                _plural(
+                    unnamed,
+                    "more delivery of other executions",
+                    "more deliveries of other executions",
+                )
+            )
+        )
+    replays = tally.by_decision.get("replayed", 0)
+    if replays:
+        parts.append(
+            EvidencePart(
+                _plural(replays, "replay refused", "replays refused"),
+                names=tally.replayers,
                 in_parentheses=True,
                 alarm=True,
+                more=tally.replayer_total - len(tally.replayers),
             )
         )
     else:
         parts.append(EvidencePart("no replay attempts"))
-    for decision, count in others.items():
-        label = SECURITY_DECISIONS[decision].lower()
-        parts.append(
-            EvidencePart(_plural(count, f"claim refused: {label}", f"claims refused: {label}"))
-        )
+    for decision, count in tally.by_decision.items():
+        if decision in SECURITY_DECISIONS and decision != "replayed":
+            label = SECURITY_DECISIONS[decision].lower()
+            parts.append(
+                EvidencePart(_plural(count, f"claim refused: {label}", f"claims refused: {label}"))
+            )
     return parts
 
 
@@ -473,6 +511,8 @@ def evidence_text(parts: Iterable[EvidencePart]) -> str:
         text = part.text
         if part.names:
             names = ", ".join(part.names)
+            if part.more:
+                names += f" and {part.more_text} more"
             text += f" ({names})" if part.in_parentheses else f" {names}"
         out.append(text)
     return " · ".join(out)
@@ -576,6 +616,8 @@ class DecisionPanel:
     expires_in: str
     history: list[AuditEvent]
     history_rows: list[HistoryRow]
+    history_total: int
+    history_caption: str
     evidence: list[EvidencePart]
     evidence_text: str
     now: datetime
@@ -585,6 +627,12 @@ class DecisionPanel:
 
     def context(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def history_caption(shown: int, total: int) -> str:
+    if total > shown:
+        return f"latest {shown:,} of {total:,} events, oldest first"
+    return f"{_plural(shown, 'event', 'events')}, oldest first"
 
 
 def decision_panel(
@@ -614,7 +662,7 @@ def decision_panel(
     )
     can_decide = viewer.is_reviewer and undecided
     can_revoke = viewer.is_admin and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}
-    evidence = evidence_summary(history) if decision.state == PanelState.CONSUMED else []
+    evidence = evidence_parts(snapshot.claims) if snapshot.claims is not None else []
 
     rendered = stamp(
         [
@@ -635,7 +683,7 @@ def decision_panel(
             None if decision.command is None else (decision.command.pk, decision.command.state),
             expires_in,
             eligible,
-            len(history),
+            snapshot.history_total,
             can_decide,
             can_revoke,
             editable,
@@ -665,13 +713,13 @@ def decision_panel(
         editable=editable,
         still_needed=max(decision.needed - len(decision.votes), 0),
         eligible=eligible,
-        rejected_by=next(
-            (e.actor for e in reversed(history) if e.kind == "occurrence.rejected"), ""
-        ),
+        rejected_by=snapshot.rejected_by,
         rejection_reason=reveal_html(occurrence.rejection_reason),
         expires_in=expires_in,
         history=history,
         history_rows=history_rows(history),
+        history_total=snapshot.history_total,
+        history_caption=history_caption(len(history), snapshot.history_total),
         evidence=evidence,
         evidence_text=evidence_text(evidence),
         now=now,

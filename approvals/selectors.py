@@ -9,7 +9,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    Min,
+    OuterRef,
+    Prefetch,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from approvals.models import (
@@ -161,18 +172,31 @@ def inbox_occurrences(
 
 
 def review_queryset() -> QuerySet[Occurrence]:
-    """An occurrence with everything its review page shows, in a fixed number of queries."""
-    return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
-        Prefetch(
-            "proposals",
-            queryset=Proposal.objects.select_related("edited_by")
-            .prefetch_related(
-                Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer"))
-            )
-            .order_by("version"),
-        ),
-        Prefetch("approvals", queryset=Approval.objects.select_related("approver")),
-        Prefetch("commands", queryset=Command.objects.order_by("created_at")),
+    """An occurrence with everything its review page shows, in a fixed number of queries,
+    and the number of its audit events."""
+    return (
+        Occurrence.objects.select_related("tool", "tenant", "runtime_key")
+        .annotate(
+            history_total=Subquery(
+                AuditEvent.objects.filter(occurrence=OuterRef("pk"))
+                .order_by()
+                .values("occurrence")
+                .annotate(n=Count("id"))
+                .values("n")
+            ),
+        )
+        .prefetch_related(
+            Prefetch(
+                "proposals",
+                queryset=Proposal.objects.select_related("edited_by")
+                .prefetch_related(
+                    Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer"))
+                )
+                .order_by("version"),
+            ),
+            Prefetch("approvals", queryset=Approval.objects.select_related("approver")),
+            Prefetch("commands", queryset=Command.objects.order_by("created_at")),
+        )
     )
 
 
@@ -181,8 +205,102 @@ def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurr
     return review_queryset().filter(pk=occurrence_id, tenant_id__in=list(tenant_ids)).first()
 
 
-def occurrence_history(occurrence: Occurrence) -> list[AuditEvent]:
-    return list(AuditEvent.objects.filter(occurrence=occurrence).order_by("id"))
+# A page shows the newest events; an occurrence whose token a runtime keeps replaying can
+# have thousands. The audit API (/api/v1/audit/events) serves all of them.
+HISTORY_LIMIT = 200
+
+
+def occurrence_history(occurrence: Occurrence, limit: int = HISTORY_LIMIT) -> list[AuditEvent]:
+    """The newest ``limit`` audit events of the occurrence, oldest first."""
+    newest = list(AuditEvent.objects.filter(occurrence=occurrence).order_by("-id")[:limit])
+    newest.reverse()
+    return newest
+
+
+def rejected_by(occurrence: Occurrence) -> str:
+    """Who rejected the occurrence, from its last rejection event."""
+    actor: str | None = (
+        AuditEvent.objects.filter(occurrence=occurrence, kind="occurrence.rejected")
+        .order_by("-id")
+        .values_list("actor", flat=True)
+        .first()
+    )
+    return actor or ""
+
+
+# How many executions the evidence line names; it counts the others.
+EVIDENCE_NAMES = 10
+# Claims that handed out the command: the first one, and redeliveries to the same execution.
+DELIVERED = ("approved", "duplicate_delivery")
+
+
+@dataclass(frozen=True)
+class ClaimTally:
+    """An occurrence's claim events, counted over all of them, however many there are."""
+
+    # Claims by decision, in the order each decision first occurred.
+    by_decision: dict[str, int]
+    commands: int  # distinct commands of approved claims
+    # Approved and redelivered claims per execution, first seen first.
+    deliveries: list[tuple[str, int]]
+    # Executions whose claims were refused as replays, first seen first (the first few),
+    # and how many there are.
+    replayers: list[str]
+    replayer_total: int
+
+
+def claim_tally(occurrence: Occurrence) -> ClaimTally:
+    """The occurrence's claim events counted in one grouped query (and the first few
+    replaying executions named in a second one, if there were replays).
+
+    Approved and redelivered claims are grouped by execution too: there are at most as
+    many of those executions as the occurrence has approvals. Refusals are not, since a
+    runtime can present a token under any number of execution ids."""
+    claims = AuditEvent.objects.filter(occurrence=occurrence, kind__startswith="claim.").order_by()
+    groups = (
+        claims.values(
+            "decision",
+            delivered_to=Case(
+                When(decision__in=DELIVERED, then=F("execution_id")), default=Value("")
+            ),
+        )
+        .annotate(
+            n=Count("id"),
+            commands=Count("command_id", distinct=True),
+            executions=Count("execution_id", distinct=True),
+            first=Min("id"),
+        )
+        .order_by("first")
+    )
+    by_decision: dict[str, int] = {}
+    deliveries: dict[str, int] = {}
+    commands = replayer_total = 0
+    for group in groups:
+        decision = group["decision"]
+        by_decision[decision] = by_decision.get(decision, 0) + group["n"]
+        if decision in DELIVERED:
+            execution = group["delivered_to"]
+            deliveries[execution] = deliveries.get(execution, 0) + group["n"]
+        if decision == "approved":
+            commands += group["commands"]
+        if decision == "replayed":
+            replayer_total = group["executions"]
+    replayers: list[str] = []
+    if replayer_total:
+        replayers = list(
+            claims.filter(decision="replayed")
+            .values("execution_id")
+            .annotate(first=Min("id"))
+            .order_by("first")
+            .values_list("execution_id", flat=True)[:EVIDENCE_NAMES]
+        )
+    return ClaimTally(
+        by_decision=by_decision,
+        commands=commands,
+        deliveries=list(deliveries.items())[:EVIDENCE_NAMES],
+        replayers=replayers,
+        replayer_total=replayer_total,
+    )
 
 
 def tenant_reviewer_names(tenant_id: int) -> list[str]:
@@ -283,22 +401,39 @@ class ReviewSnapshot:
 
     occurrence: Occurrence
     decision: DecisionView
+    # The newest HISTORY_LIMIT events, oldest first, and how many there are in all.
     history: list[AuditEvent]
+    history_total: int
+    rejected_by: str
+    # Counted over every claim event, read once the approval is consumed.
+    claims: ClaimTally | None
     # Reviewers of the tenant, read only while the decision is still open.
     reviewer_names: list[str]
     now: datetime
 
 
 def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> ReviewSnapshot:
-    """The decision, the audit history and, while undecided, who could still approve: a
-    fixed number of queries on top of ``review_queryset``, however long the history."""
+    """The decision, the newest audit events and, while undecided, who could still
+    approve: a fixed number of queries on top of ``review_queryset``, however long the
+    history."""
     now = now or timezone.now()
     decision = occurrence_decision(occurrence, now)
     undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
+    history = occurrence_history(occurrence)
+    annotated: Any = occurrence
+    total = max(annotated.history_total or 0, len(history))
+    rejector = ""
+    if decision.state == PanelState.REJECTED:
+        rejector = next((e.actor for e in reversed(history) if e.kind == "occurrence.rejected"), "")
+        if not rejector and total > len(history):
+            rejector = rejected_by(occurrence)
     return ReviewSnapshot(
         occurrence=occurrence,
         decision=decision,
-        history=occurrence_history(occurrence),
+        history=history,
+        history_total=total,
+        rejected_by=rejector,
+        claims=claim_tally(occurrence) if decision.state == PanelState.CONSUMED else None,
         reviewer_names=tenant_reviewer_names(occurrence.tenant_id) if undecided else [],
         now=now,
     )

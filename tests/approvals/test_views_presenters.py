@@ -291,3 +291,43 @@ def test_inbox_summary_shows_the_amount_for_people(runtime: Runtime, reviewer: A
     row = html[html.index(f'data-occurrence-id="{occurrence_id}"') :]
     row = row[: row.index("</tr>")]
     assert "JPY 12,000" in row and "amount_minor=12000" in row
+
+
+def test_evidence_counts_every_claim_not_just_the_shown_history(
+    reviewer: Any, consumed: str, django_assert_max_num_queries: Any
+) -> None:
+    client = signed_in(reviewer)
+    with CaptureQueriesContext(connection) as captured:
+        client.get(f"/reviews/{consumed}/")
+    occurrence = Command.objects.get(occurrence_id=consumed).occurrence
+    # 300 more refused replays from 30 executions: far more than the page's history shows.
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            kind="claim.replayed",
+            tenant=occurrence.tenant,
+            occurrence=occurrence,
+            decision="replayed",
+            execution_id=f"worker-{n % 30:02d}",
+            source_time=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        for n in range(300)
+    )
+    with django_assert_max_num_queries(len(captured.captured_queries)):
+        response = client.get(f"/reviews/{consumed}/")
+    page = parse(response)
+    assert _normal(page.text("history")).startswith("History latest 200 of ")
+    named = ", ".join(["worker-b"] + [f"worker-{n:02d}" for n in range(9)])
+    assert _normal(page.text("evidence-summary")) == (
+        "Evidence: 1 command · 2 deliveries of execution worker-a · "
+        f"301 replays refused ({named} and 21 more)"
+    )
+
+
+def test_evidence_names_the_first_replaying_executions_and_counts_the_rest() -> None:
+    events = [_event("claim.approved", "approved", "a", command_id="c1")] + [
+        _event("claim.replayed", "replayed", f"r{n}") for n in range(12)
+    ]
+    assert evidence_text(evidence_summary(events)) == (
+        "1 command · 1 delivery of execution a · "
+        "12 replays refused (r0, r1, r2, r3, r4, r5, r6, r7, r8, r9 and 2 more)"
+    )

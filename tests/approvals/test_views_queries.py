@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from approvals import services
-from approvals.models import Occurrence
+from approvals.models import Occurrence, RuntimeKey
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.approvals.test_views_inbox import propose_many, row_ids
 from tests.conftest import Runtime, approve
@@ -88,6 +88,67 @@ def test_review_page_queries_do_not_grow_with_versions_and_votes(
         )
     with django_assert_max_num_queries(few):
         client.get(f"/reviews/{occurrence_id}/")
+
+
+def test_review_page_shows_the_newest_200_events_and_counts_them_all(
+    runtime: Runtime, reviewer: Any, django_assert_max_num_queries: Any
+) -> None:
+    client = signed_in(reviewer)
+    small = propose(runtime)
+    few = queries_for(client, f"/reviews/{small}/")
+    few_panel = queries_for(client, f"/reviews/{small}/panel", headers={"HX-Request": "true"})
+
+    large = propose(runtime)
+    _grow_history(large, 250)  # and occurrence.proposed: 251 events
+    with django_assert_max_num_queries(few):
+        response = client.get(f"/reviews/{large}/")
+    page = parse(response)
+    history = page.text("history")
+    assert history.count("test.note") == 200
+    assert "latest 200 of 251 events, oldest first" in " ".join(history.split())
+    # The newest, oldest first: note 50 to note 249; the proposal and notes 0-49 are older.
+    assert "note 249" in history and "note 50" in history
+    assert "note 49" not in history and "occurrence.proposed" not in history
+    assert history.index("note 50") < history.index("note 249")
+
+    with django_assert_max_num_queries(few_panel):
+        response = client.get(f"/reviews/{large}/panel", headers={"HX-Request": "true"})
+    assert parse(response).text("history").count("test.note") == 200
+
+
+def test_a_short_history_says_how_many_events_it_has(runtime: Runtime, reviewer: Any) -> None:
+    occurrence_id = propose(runtime)
+    _grow_history(occurrence_id, 2)
+    history = " ".join(
+        parse(signed_in(reviewer).get(f"/reviews/{occurrence_id}/")).text("history").split()
+    )
+    assert "History 3 events, oldest first" in history
+    assert "latest" not in history
+
+
+def test_rejecter_is_named_when_the_rejection_is_older_than_the_shown_events(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason="no"
+    )
+    _grow_history(occurrence_id, 210)
+    page = parse(signed_in(reviewer).get(f"/reviews/{occurrence_id}/"))
+    assert "occurrence.rejected" not in page.text("history")
+    assert "Rejected by rita" in " ".join(page.text("decision-panel").split())
+
+
+def test_review_page_reads_the_runtime_key_with_the_occurrence(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    with CaptureQueriesContext(connection) as captured:
+        response = signed_in(reviewer).get(f"/reviews/{occurrence_id}/")
+    assert runtime.key.name in response.content.decode()
+    key_table = RuntimeKey._meta.db_table
+    alone = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in alone if f'FROM "{key_table}"' in sql]
 
 
 def test_tool_filter_counts_on_the_tool_id_without_a_join(runtime: Runtime, reviewer: Any) -> None:
