@@ -32,6 +32,8 @@ from approvals.selectors import (
     EVIDENCE_NAMES,
     ClaimTally,
     DecisionView,
+    Freshness,
+    InboxFreshness,
     PanelState,
     ReviewSnapshot,
     approval_state,
@@ -281,16 +283,31 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
     )
 
 
+def inbox_stamp(
+    fresh: InboxFreshness, *, tenant_ids: list[int], tool: str, state: str, page: int, now: datetime
+) -> str:
+    """The inbox list's stamp, from what ``selectors.inbox_total`` and
+    ``selectors.inbox_last_event`` read, without the rows. The minute is part of it
+    because the rows' ages and an approval's expiry change with the clock."""
+    minute = now.replace(second=0, microsecond=0)
+    return stamp(
+        [tenant_ids, tool, state, page, fresh.total, fresh.last_change, fresh.last_event_id, minute]
+    )
+
+
 def inbox_list(
-    occurrences: Iterable[Occurrence], *, tool: str, state: str, page: int, total: int
+    occurrences: Iterable[Occurrence],
+    *,
+    tool: str,
+    state: str,
+    page: int,
+    total: int,
+    rendered: str,
 ) -> dict[str, Any]:
-    """What the inbox list shows, and the stamp its poll compares to skip an unchanged list."""
+    """What the inbox list shows; ``rendered`` is the stamp its poll sends back."""
     now = timezone.now()
     rows = [inbox_row(occurrence, now) for occurrence in occurrences]
     filters = {"tool": tool, "state": state}
-    rendered = stamp(
-        [filters, page, total] + [(r.occurrence.pk, r.badge, r.age, r.summary) for r in rows]
-    )
     state_label = dict(STATE_CHOICES)[state]
     counted = "requests in all states" if state == STATE_ALL else state_label.lower()
     poll_query = urlencode({**filters, "page": page, "rendered": rendered})
@@ -629,6 +646,33 @@ class DecisionPanel:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def expiry(fresh: Freshness, now: datetime) -> tuple[str | None, str]:
+    """The approval's state at ``now`` and, while it is issued, the time left in words."""
+    if fresh.approval_state != Approval.State.ISSUED or fresh.approval_expires_at is None:
+        return fresh.approval_state, ""
+    if fresh.approval_expires_at <= now:
+        return Approval.State.EXPIRED, ""
+    return fresh.approval_state, timesince(now, fresh.approval_expires_at).split(",")[0]
+
+
+def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: datetime) -> str:
+    """The decision panel's stamp, from what ``selectors.freshness_get`` reads in one
+    query: a poll compares it before it reads anything else."""
+    return stamp(
+        [
+            fresh.status,
+            fresh.updated_at,
+            fresh.last_event_id,
+            *expiry(fresh, now),
+            fresh.command_state,
+            fresh.reviewers,
+            fresh.quorum,
+            shown_digest,
+            viewer,
+        ]
+    )
+
+
 def history_caption(shown: int, total: int) -> str:
     if total > shown:
         return f"latest {shown:,} of {total:,} events, oldest first"
@@ -664,30 +708,8 @@ def decision_panel(
     can_revoke = viewer.is_admin and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}
     evidence = evidence_parts(snapshot.claims) if snapshot.claims is not None else []
 
-    rendered = stamp(
-        [
-            decision.state,
-            proposal.action_digest,
-            shown.action_digest,
-            decision.voters,
-            decision.needed,
-            None
-            if approval is None
-            else (
-                approval.state,
-                approval.delivered_at,
-                approval.consumed_at,
-                approval.revoked_at,
-                approval.fingerprint,
-            ),
-            None if decision.command is None else (decision.command.pk, decision.command.state),
-            expires_in,
-            eligible,
-            snapshot.history_total,
-            can_decide,
-            can_revoke,
-            editable,
-        ]
+    rendered = panel_stamp(
+        snapshot.freshness, viewer, shown_digest=shown.action_digest, now=snapshot.now
     )
     poll_url = ""
     if not decision.final:

@@ -13,6 +13,7 @@ from django.db.models import (
     Case,
     Count,
     F,
+    Max,
     Min,
     OuterRef,
     Prefetch,
@@ -171,12 +172,117 @@ def inbox_occurrences(
     return queryset
 
 
+@dataclass(frozen=True)
+class InboxFreshness:
+    """What an inbox page's poll compares, read without loading the page's rows."""
+
+    total: int
+    # A row entering the filtered list had its updated_at set when it entered, so a list
+    # that gained one row and lost another still shows a change here.
+    last_change: datetime | None
+    # The newest audit event of the rows on the page: votes and token deliveries change
+    # a row's badge without touching its occurrence.
+    last_event_id: int | None
+
+
+def inbox_total(occurrences: QuerySet[Occurrence]) -> tuple[int, datetime | None]:
+    """How many occurrences the inbox lists, and when the newest change among them was."""
+    summary = occurrences.order_by().aggregate(total=Count("pk"), last_change=Max("updated_at"))
+    return summary["total"], summary["last_change"]
+
+
+def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: int) -> int | None:
+    """The newest audit event of the occurrences on one page of the inbox."""
+    page = occurrences.values("pk")[offset : offset + limit]
+    last: int | None = AuditEvent.objects.filter(occurrence_id__in=page).aggregate(last=Max("id"))[
+        "last"
+    ]
+    return last
+
+
+def _freshness_annotations() -> dict[str, Any]:
+    """What tells an open review page that it is out of date, as annotations of its
+    occurrence: every decision, delivery, claim, edit and revocation writes an audit
+    event; a command's state changes without one, and an approval expires by the clock."""
+    current_approval = Approval.objects.filter(occurrence=OuterRef("pk"), proposal__is_current=True)
+    reviewers = (
+        Membership.objects.filter(tenant=OuterRef("tenant"), role=Membership.Role.REVIEWER)
+        .order_by()
+        .values("tenant")
+    )
+    return {
+        "fresh_event_id": Subquery(
+            AuditEvent.objects.filter(occurrence=OuterRef("pk")).order_by("-id").values("id")[:1]
+        ),
+        "fresh_approval_state": Subquery(current_approval.values("state")[:1]),
+        "fresh_approval_expires_at": Subquery(current_approval.values("expires_at")[:1]),
+        "fresh_command_state": Subquery(
+            Command.objects.filter(
+                approval__occurrence=OuterRef("pk"), approval__proposal__is_current=True
+            )
+            .order_by()
+            .values("state")[:1]
+        ),
+        # Who can still approve is listed while the request is open.
+        "fresh_reviewers": Subquery(reviewers.annotate(n=Count("pk")).values("n")),
+        "fresh_last_reviewer": Subquery(reviewers.annotate(last=Max("pk")).values("last")),
+        "fresh_quorum": F("tool__approvals_required"),
+        "fresh_quorum_threshold": F("tool__quorum_threshold_minor"),
+    }
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """An occurrence's state as far as an open review page must notice it changing."""
+
+    tenant_id: int
+    status: str
+    updated_at: datetime
+    last_event_id: int | None
+    approval_state: str | None
+    approval_expires_at: datetime | None
+    command_state: str | None
+    reviewers: tuple[int | None, int | None]  # how many, and the newest membership
+    quorum: tuple[int, int | None]  # the contract's approvals required and threshold
+
+    @classmethod
+    def of(cls, occurrence: Occurrence) -> Freshness:
+        """From an occurrence read with ``_freshness_annotations``."""
+        annotated: Any = occurrence
+        return cls(
+            tenant_id=occurrence.tenant_id,
+            status=occurrence.status,
+            updated_at=occurrence.updated_at,
+            last_event_id=annotated.fresh_event_id,
+            approval_state=annotated.fresh_approval_state,
+            approval_expires_at=annotated.fresh_approval_expires_at,
+            command_state=annotated.fresh_command_state,
+            reviewers=(annotated.fresh_reviewers, annotated.fresh_last_reviewer),
+            quorum=(annotated.fresh_quorum, annotated.fresh_quorum_threshold),
+        )
+
+
+def freshness_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Freshness | None:
+    """An occurrence's freshness in one query, if it belongs to one of ``tenant_ids``."""
+    occurrence = (
+        Occurrence.objects.filter(pk=occurrence_id, tenant_id__in=list(tenant_ids))
+        .only("tenant_id", "status", "updated_at")
+        .annotate(**_freshness_annotations())
+        .first()
+    )
+    return None if occurrence is None else Freshness.of(occurrence)
+
+
 def review_queryset() -> QuerySet[Occurrence]:
-    """An occurrence with everything its review page shows, in a fixed number of queries,
-    and the number of its audit events."""
+    """An occurrence with everything its review page shows, in a fixed number of queries.
+
+    Its freshness and the number of its audit events are read with the occurrence itself,
+    in one statement, so that a page never claims to be newer than what it shows.
+    """
     return (
         Occurrence.objects.select_related("tool", "tenant", "runtime_key")
         .annotate(
+            **_freshness_annotations(),
             history_total=Subquery(
                 AuditEvent.objects.filter(occurrence=OuterRef("pk"))
                 .order_by()
@@ -401,6 +507,7 @@ class ReviewSnapshot:
 
     occurrence: Occurrence
     decision: DecisionView
+    freshness: Freshness
     # The newest HISTORY_LIMIT events, oldest first, and how many there are in all.
     history: list[AuditEvent]
     history_total: int
@@ -430,6 +537,7 @@ def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> Revi
     return ReviewSnapshot(
         occurrence=occurrence,
         decision=decision,
+        freshness=Freshness.of(occurrence),
         history=history,
         history_total=total,
         rejected_by=rejector,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
+from functools import cached_property, wraps
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -19,6 +19,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
@@ -88,6 +89,14 @@ _REQUIRED: dict[str, str] = {
 }
 
 
+def _viewer(request: HttpRequest, access: ConsoleAccess, tenant_id: int) -> presenters.Viewer:
+    return presenters.Viewer(
+        username=request.user.get_username(),
+        is_reviewer=access.is_reviewer(tenant_id),
+        is_admin=access.is_admin(tenant_id),
+    )
+
+
 @dataclass(frozen=True)
 class Opened:
     """An occurrence the signed-in user may see, with their roles in its tenant."""
@@ -98,12 +107,7 @@ class Opened:
 
     @property
     def viewer(self) -> presenters.Viewer:
-        tenant_id = self.occurrence.tenant_id
-        return presenters.Viewer(
-            username=self.request.user.get_username(),
-            is_reviewer=self.access.is_reviewer(tenant_id),
-            is_admin=self.access.is_admin(tenant_id),
-        )
+        return _viewer(self.request, self.access, self.occurrence.tenant_id)
 
     def reload(self) -> Opened:
         """Read the occurrence again: after a write, the page shows the database's state."""
@@ -129,6 +133,18 @@ def _open(
 # --- inbox -----------------------------------------------------------------------------
 
 
+class _CountedPaginator(Paginator):
+    """A paginator told its count, which the inbox has just read for its stamp."""
+
+    def __init__(self, object_list: Any, per_page: int, *, count: int) -> None:
+        super().__init__(object_list, per_page)
+        self._count = count
+
+    @cached_property
+    def count(self) -> int:
+        return self._count
+
+
 @require_GET
 @console_login_required
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
@@ -137,17 +153,34 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     tools = selectors.tool_ids()
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
+    tenant_ids = [scope.pk] if scope else access.tenant_ids
     occurrences = selectors.inbox_occurrences(
-        tenant_ids=[scope.pk] if scope else access.tenant_ids,
+        tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
         status="" if state == STATE_ALL else state,
     )
-    page = Paginator(occurrences, INBOX_PAGE_SIZE).get_page(request.GET.get("page"))
-    listing = presenters.inbox_list(
-        page.object_list, tool=tool, state=state, page=page.number, total=page.paginator.count
+    # The stamp first, from two aggregates: a poll that finds nothing new ends here.
+    total, last_change = selectors.inbox_total(occurrences)
+    page = _CountedPaginator(occurrences, INBOX_PAGE_SIZE, count=total).get_page(
+        request.GET.get("page")
     )
-    if request.htmx and request.GET.get("rendered") == listing["stamp"]:
+    number = page.number
+    fresh = selectors.InboxFreshness(
+        total=total,
+        last_change=last_change,
+        last_event_id=selectors.inbox_last_event(
+            occurrences, offset=(number - 1) * INBOX_PAGE_SIZE, limit=INBOX_PAGE_SIZE
+        ),
+    )
+    rendered = presenters.inbox_stamp(
+        fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
+    )
+    if request.htmx and request.GET.get("rendered") == rendered:
         return HttpResponse(status=204)
+
+    listing = presenters.inbox_list(
+        page.object_list, tool=tool, state=state, page=number, total=total, rendered=rendered
+    )
     context = {
         **_chrome(request, access),
         **listing,
@@ -258,12 +291,19 @@ def review(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
 @require_GET
 @console_login_required
 def panel(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
-    """The decision panel alone; the page polls it while the state can still change."""
-    opened = _open(request, occurrence_id)
+    """The decision panel alone; the page polls it while the state can still change.
+
+    The stamp comes first, from one query: a poll that finds nothing new ends there."""
+    access = selectors.console_access(request.user)
+    fresh = selectors.freshness_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
+    if fresh is None:
+        raise Http404("No such request in your tenants.")
     shown = request.GET.get("shown", "")
-    current = _panel(opened, shown)
-    if request.GET.get("rendered") == current.stamp:
+    viewer = _viewer(request, access, fresh.tenant_id)
+    current_stamp = presenters.panel_stamp(fresh, viewer, shown_digest=shown, now=timezone.now())
+    if request.GET.get("rendered") == current_stamp:
         return HttpResponse(status=204)
+    current = _panel(_open(request, occurrence_id, access=access), shown)
     context = {**current.context(), "notice": None}
     return render(request, f"{REVIEW_TEMPLATE}#panel-response", context)
 

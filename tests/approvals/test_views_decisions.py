@@ -12,7 +12,15 @@ import pytest
 from django.utils import timezone
 
 from approvals import services
-from approvals.models import Approval, ApprovalVote, Membership, Occurrence, Tenant
+from approvals.models import (
+    Approval,
+    ApprovalVote,
+    AuditEvent,
+    Command,
+    Membership,
+    Occurrence,
+    Tenant,
+)
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_user
 
@@ -466,3 +474,189 @@ def test_get_requests_change_nothing(reviewer: Any, pending: str) -> None:
         client.get(url)
     assert Occurrence.objects.get(pk=pending).updated_at == before
     assert not ApprovalVote.objects.exists()
+
+
+# --- what a poll notices ----------------------------------------------------------------
+
+# Session, user, memberships, and the one query that reads the stamp.
+UNCHANGED_PANEL_POLL_QUERIES = 4
+
+
+def poll_url(client: Any, occurrence_id: str) -> str:
+    url = parse(client.get(f"/reviews/{occurrence_id}/")).attr("decision-panel", "hx-get")
+    assert url, "the panel should poll in this state"
+    return str(url)
+
+
+def _proposed(runtime: Runtime, arguments: dict[str, Any] | None = None) -> str:
+    return propose(runtime, arguments=arguments or dict(REFUND_ARGS))
+
+
+def _issued(runtime: Runtime, approver: Any) -> str:
+    occurrence_id = _proposed(runtime)
+    assert approve(occurrence_id, approver).issued
+    return occurrence_id
+
+
+def _delivered(runtime: Runtime, approver: Any) -> tuple[str, str]:
+    occurrence_id = _issued(runtime, approver)
+    return occurrence_id, runtime.token(occurrence_id).json()["token"]
+
+
+def _edit(occurrence_id: str, editor: Any) -> None:
+    services.proposal_edit(
+        occurrence=Occurrence.objects.get(pk=occurrence_id),
+        editor=editor,
+        arguments=dict(REFUND_ARGS, amount_minor=7000),
+        seen_digest=digest_of(occurrence_id),
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "vote",
+        "approval issued",
+        "rejected",
+        "edited while pending",
+        "token delivered",
+        "claimed",
+        "command state",
+        "revoked",
+        "edited while issued",
+        "reviewer added",
+    ],
+)
+def test_every_change_a_reviewer_must_see_ends_the_204s(
+    runtime: Runtime,
+    reviewer: Any,
+    second_reviewer: Any,
+    tenant: Tenant,
+    change: str,
+    django_assert_max_num_queries: Any,
+) -> None:
+    """Each state change alters the stamp the poll compares, whether or not it writes an
+    audit event or touches the occurrence's updated_at."""
+    watcher = make_user("wanda", tenant, Membership.Role.REVIEWER, Membership.Role.ADMIN)
+    token = ""
+    if change in {"vote", "reviewer added"}:
+        occurrence_id = _proposed(runtime, BIG_REFUND)
+    elif change in {"approval issued", "rejected", "edited while pending"}:
+        occurrence_id = _proposed(runtime)
+    elif change == "token delivered":
+        occurrence_id = _issued(runtime, reviewer)
+    elif change == "command state":
+        occurrence_id, token = _delivered(runtime, reviewer)
+        assert runtime.claim(token, "exec-1").status_code == 200
+    else:
+        occurrence_id, token = _delivered(runtime, reviewer)
+
+    client = signed_in(watcher)
+    poll = poll_url(client, occurrence_id)
+    with django_assert_max_num_queries(UNCHANGED_PANEL_POLL_QUERIES):
+        assert client.get(poll, headers=HTMX).status_code == 204
+
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    expected = None
+    if change == "vote":
+        approve(occurrence_id, reviewer)
+        expected = "awaiting_quorum"
+    elif change == "approval issued":
+        approve(occurrence_id, reviewer)
+        expected = "issued"
+    elif change == "rejected":
+        services.occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason="no")
+        expected = "rejected"
+    elif change in {"edited while pending", "edited while issued"}:
+        _edit(occurrence_id, second_reviewer)
+        expected = "pending"
+    elif change == "token delivered":
+        assert runtime.token(occurrence_id).status_code == 200
+        expected = "delivered"
+    elif change == "claimed":
+        assert runtime.claim(token, "exec-1").status_code == 200
+        expected = "consumed"
+    elif change == "command state":
+        # As a worker writes it: no audit event, and the occurrence is left alone.
+        Command.objects.filter(occurrence_id=occurrence_id).update(state=Command.State.SUCCEEDED)
+        expected = "consumed"
+    elif change == "revoked":
+        services.approval_revoke(
+            approval=Approval.objects.get(occurrence_id=occurrence_id), admin=watcher, reason="r"
+        )
+        expected = "revoked"
+    elif change == "reviewer added":
+        make_user("newton", tenant, Membership.Role.REVIEWER)
+        expected = "pending"
+
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    page = parse(response)
+    assert state(page) == expected
+    panel = " ".join(page.text("decision-panel").split())
+    if change == "command state":
+        assert "Succeeded" in panel
+    if change.startswith("edited"):
+        assert "Version 2 has replaced version 1" in panel
+    if change == "reviewer added":
+        assert "newton" in panel
+    # The new answer carries a new stamp, which the next poll finds unchanged.
+    again = page.attr("decision-panel", "hx-get")
+    if again:
+        assert client.get(str(again), headers=HTMX).status_code == 204
+
+
+def test_the_clock_changes_the_poll_answer_of_an_issued_approval(
+    runtime: Runtime, reviewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    occurrence_id = _issued(runtime, reviewer)
+    client = signed_in(reviewer)
+    poll = poll_url(client, occurrence_id)
+    assert client.get(poll, headers=HTMX).status_code == 204
+
+    real_now = timezone.now
+    # Nothing is written when a minute passes or an approval runs out: only the clock moves.
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=2))
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert state(parse(response)) == "issued"
+    assert "Expires in 12 minutes" in " ".join(parse(response).text("decision-panel").split())
+
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=16))
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert state(parse(response)) == "expired"
+
+
+def test_unchanged_poll_of_a_long_history_costs_the_same_few_queries(
+    runtime: Runtime, reviewer: Any, django_assert_max_num_queries: Any
+) -> None:
+    occurrence_id = _issued(runtime, reviewer)
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            kind="claim.scope_mismatch",
+            tenant_id=occurrence.tenant_id,
+            occurrence=occurrence,
+            decision="scope_mismatch",
+            execution_id=f"retry-{n}",
+            source_time=timezone.now(),
+        )
+        for n in range(300)
+    )
+    client = signed_in(reviewer)
+    poll = poll_url(client, occurrence_id)
+    with django_assert_max_num_queries(UNCHANGED_PANEL_POLL_QUERIES):
+        assert client.get(poll, headers=HTMX).status_code == 204
+    services.audit_record(
+        kind="claim.scope_mismatch", tenant=occurrence.tenant_id, occurrence=occurrence
+    )
+    assert client.get(poll, headers=HTMX).status_code == 200
+
+
+def test_another_tenants_stamp_is_still_a_404(
+    runtime: Runtime, other_runtime: Runtime, reviewer: Any
+) -> None:
+    foreign = propose(other_runtime)
+    response = signed_in(reviewer).get(f"/reviews/{foreign}/panel?rendered=0", headers=HTMX)
+    assert response.status_code == 404

@@ -3,6 +3,7 @@ in and out."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -238,3 +239,42 @@ def test_tenant_switcher_ignores_foreign_tenants_and_unsafe_next(
 def test_one_tenant_shows_no_switcher(reviewer: Any) -> None:
     page = parse(signed_in(reviewer).get("/reviews/"))
     assert not page.has("tenant-select")
+
+
+# --- what the inbox poll notices ---------------------
+
+
+def _badge(page: Html, occurrence_id: str) -> tuple[str, str]:
+    """A row's badge: its class modifier and its text."""
+    row = page.source[page.source.index(f'data-occurrence-id="{occurrence_id}"') :]
+    row = row[: row.index("</tr>")]
+    found = re.search(r'<span class="badge badge--([\w-]+)">([^<]*)</span>', row)
+    assert found is not None, row
+    return found.group(1), found.group(2)
+
+
+def test_a_token_delivery_ends_the_inbox_polls_204s(
+    runtime: Runtime, reviewer: Any, approved: str
+) -> None:
+    client = signed_in(reviewer)
+    poll = str(parse(client.get("/reviews/?state=approved")).attr("inbox-list", "hx-get"))
+    assert client.get(poll, headers=HTMX).status_code == 204
+    assert runtime.token(approved).status_code == 200
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert _badge(parse(response), approved) == ("delivered", "Token delivered")
+
+
+def test_a_request_leaving_the_list_ends_the_inbox_polls_204s(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    ids = propose_many(runtime, 2)
+    client = signed_in(reviewer)
+    poll = str(parse(client.get("/reviews/")).attr("inbox-list", "hx-get"))
+    assert client.get(poll, headers=HTMX).status_code == 204
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=ids[0]), reviewer=reviewer, reason="no"
+    )
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert row_ids(parse(response)) == [ids[1]]
