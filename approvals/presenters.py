@@ -241,7 +241,7 @@ def age(then: datetime, now: datetime) -> str:
 
 
 def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
-    """An inbox row's badge: the occurrence's status, refined by its approval."""
+    """An inbox row's badge: the occurrence's status, refined by its votes and approval."""
     status = occurrence.status
     approvals = getattr(occurrence, "current_approvals", [])
     if status == Occurrence.Status.APPROVED and approvals:
@@ -250,6 +250,11 @@ def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
             return "expired", "Expired"
         if approval.delivered_at:
             return "delivered", "Token delivered"
+    proposals = getattr(occurrence, "current_proposals", [])
+    votes = getattr(proposals[0], "votes_count", 0) if proposals else 0
+    if status == Occurrence.Status.PENDING_REVIEW and votes:
+        needed = occurrence.tool.approvals_needed(arguments_of(proposals[0]))
+        return "awaiting_quorum", f"{votes} of {needed} approval{'' if needed == 1 else 's'}"
     badge = "pending" if status == Occurrence.Status.PENDING_REVIEW else status
     return badge, Occurrence.Status(status).label
 
@@ -568,6 +573,12 @@ REFUSALS = {
 class Notice:
     level: str  # success, info, warning, error
     text: str
+
+
+def refusal(code: str, message: str) -> Notice:
+    """A refused decision in the console's words. Losing a race to another reviewer is
+    news, not an error: the request was decided, just not by this reviewer."""
+    return Notice("info" if code == "not_pending" else "error", REFUSALS.get(code, message))
 
 
 def quorum_rule(tool: ToolContract, arguments: dict[str, Any] | None = None) -> str:

@@ -143,10 +143,10 @@ def inbox_occurrences(
 ) -> QuerySet[Occurrence]:
     """Occurrences of the given tenants, newest first, with what an inbox row shows.
 
-    The current proposal and its approval are prefetched into ``current_proposals`` and
-    ``current_approvals`` so a page of rows costs the same few queries however long it is.
-    The tool is filtered by id, so that the count runs on the (tenant, tool, status,
-    created_at) index without a join.
+    The current proposal (with its number of votes) and its approval are prefetched into
+    ``current_proposals`` and ``current_approvals`` so a page of rows costs the same few
+    queries however long it is. The tool is filtered by id, so that the count runs on
+    the (tenant, tool, status, created_at) index without a join.
     """
     queryset = (
         Occurrence.objects.filter(tenant_id__in=list(tenant_ids))
@@ -154,7 +154,9 @@ def inbox_occurrences(
         .prefetch_related(
             Prefetch(
                 "proposals",
-                queryset=Proposal.objects.filter(is_current=True),
+                queryset=Proposal.objects.filter(is_current=True).annotate(
+                    votes_count=Count("votes")
+                ),
                 to_attr="current_proposals",
             ),
             Prefetch(

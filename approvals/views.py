@@ -36,7 +36,7 @@ from approvals.forms import (
     TenantSwitchForm,
 )
 from approvals.models import Membership, Occurrence, Tenant
-from approvals.presenters import REFUSALS, Notice
+from approvals.presenters import Notice, refusal
 from approvals.selectors import ConsoleAccess, PanelState
 
 SESSION_TENANT = "console_tenant"
@@ -363,8 +363,7 @@ def approve(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
             return _stale(request, opened, seen)
         if exc.code == "forbidden":
             raise PermissionDenied(exc.message) from exc
-        notice = Notice("error", REFUSALS.get(exc.code, exc.message))
-        return _decided(request, opened, notice, shown_digest=seen)
+        return _decided(request, opened, refusal(exc.code, exc.message), shown_digest=seen)
     if outcome.issued:
         notice = Notice("success", "Approved. The approval is issued to the runtime.")
     else:
@@ -393,7 +392,7 @@ def reject(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         except services.ServiceError as exc:
             if exc.code == "forbidden":
                 raise PermissionDenied(exc.message) from exc
-            return _decided(request, opened, Notice("error", REFUSALS.get(exc.code, exc.message)))
+            return _decided(request, opened, refusal(exc.code, exc.message))
         else:
             notice = Notice("success", "You rejected this request. The agent gets your reason.")
             return _decided(request, opened, notice)
@@ -454,7 +453,7 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         opened = opened.reload()
         if exc.code != "stale_digest":
             # The edit section is gone once the request is decided: say it in the panel.
-            notice = Notice("error", REFUSALS.get(exc.code, exc.message))
+            notice = refusal(exc.code, exc.message)
             return _render_review(opened, edit_form=form, notice=notice, status=409)
         current = selectors.current_proposal(opened.occurrence)
         errors = [

@@ -220,6 +220,9 @@ def test_second_approver_who_lost_the_race_sees_the_issued_state(
     page = parse(response)
     assert state(page) == "issued"
     assert "Another decision was recorded first" in page.text("decision-message")
+    # Nothing went wrong for the loser: the news is told, not shown as an error.
+    assert 'class="notice notice--info"' in page.source
+    assert "notice--error" not in page.source
     assert Approval.objects.filter(occurrence_id=pending).count() == 1
 
 
@@ -660,3 +663,26 @@ def test_another_tenants_stamp_is_still_a_404(
     foreign = propose(other_runtime)
     response = signed_in(reviewer).get(f"/reviews/{foreign}/panel?rendered=0", headers=HTMX)
     assert response.status_code == 404
+
+
+# --- the edit form stays out of the way ---------------------------------------------------
+
+
+def _edit_details(page: Html) -> Any:
+    (details,) = page.find_all("details")
+    return details
+
+
+def test_edit_form_is_there_but_closed_until_asked_for(reviewer: Any, pending: str) -> None:
+    page = parse(signed_in(reviewer).get(f"/reviews/{pending}/"))
+    assert page.has("edit-form") and page.has("edit-arguments")
+    assert "open" not in _edit_details(page).attrs
+    assert "Edit arguments…" in page.text("edit-section")
+
+
+def test_edit_form_opens_on_its_own_errors(reviewer: Any, pending: str) -> None:
+    response = signed_in(reviewer).post(
+        f"/reviews/{pending}/edit", {"arguments": "{not json", "action_digest": digest_of(pending)}
+    )
+    assert response.status_code == 422
+    assert "open" in _edit_details(parse(response)).attrs

@@ -241,7 +241,9 @@ def test_one_tenant_shows_no_switcher(reviewer: Any) -> None:
     assert not page.has("tenant-select")
 
 
-# --- what the inbox poll notices ---------------------
+# --- what a row says about votes and tokens, and the poll that notices ---------------------
+
+BIG_REFUND = dict(REFUND_ARGS, amount_minor=129900)  # above the quorum threshold: 2 approvers
 
 
 def _badge(page: Html, occurrence_id: str) -> tuple[str, str]:
@@ -251,6 +253,35 @@ def _badge(page: Html, occurrence_id: str) -> tuple[str, str]:
     found = re.search(r'<span class="badge badge--([\w-]+)">([^<]*)</span>', row)
     assert found is not None, row
     return found.group(1), found.group(2)
+
+
+def test_a_refund_with_one_of_two_approvals_says_so(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    big = propose(runtime, arguments=BIG_REFUND)
+    small = propose(runtime, arguments=dict(REFUND_ARGS, payment_id="small"))
+    untouched = propose(runtime, arguments=dict(BIG_REFUND, payment_id="untouched"))
+    approve(big, reviewer)
+    approve(small, reviewer)
+    client = signed_in(second_reviewer)
+    page = parse(client.get("/reviews/"))
+    assert _badge(page, big) == ("awaiting_quorum", "1 of 2 approvals")
+    assert _badge(page, untouched) == ("pending", "Pending review")
+    assert small not in row_ids(page)  # one approval was enough: it left the pending list
+
+
+def test_a_vote_ends_the_inbox_polls_204s(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    big = propose(runtime, arguments=BIG_REFUND)
+    client = signed_in(second_reviewer)
+    poll = str(parse(client.get("/reviews/")).attr("inbox-list", "hx-get"))
+    assert client.get(poll, headers=HTMX).status_code == 204
+    # A vote leaves the occurrence as it was (still pending, same updated_at).
+    approve(big, reviewer)
+    response = client.get(poll, headers=HTMX)
+    assert response.status_code == 200
+    assert _badge(parse(response), big) == ("awaiting_quorum", "1 of 2 approvals")
 
 
 def test_a_token_delivery_ends_the_inbox_polls_204s(

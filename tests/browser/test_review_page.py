@@ -184,6 +184,9 @@ def test_edit_form_goes_away_when_the_request_is_decided_elsewhere(
     occurrence_id = propose(runtime)
     login(page, reviewer.username)
     open_review(page, occurrence_id)
+    # The edit form waits behind a closed disclosure, out of the way of the decision.
+    expect(page.locator("#edit-form")).to_be_hidden()
+    page.locator("#edit-section summary").click()
     expect(page.locator("#edit-form")).to_be_visible()
 
     services.occurrence_reject(
@@ -211,6 +214,7 @@ def test_saving_an_edit_after_the_claim_says_why_it_was_not_saved(
     token = runtime.token(occurrence_id).json()["token"]
     assert runtime.claim(token, "exec-1").status_code == 200
 
+    page.locator("#edit-section summary").click()
     page.locator("#edit-form textarea[name=arguments]").fill(
         json.dumps({**REFUND_ARGS, "amount_minor": 7000})
     )
