@@ -87,10 +87,7 @@ def audit_record(
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one audit event. Call it inside the transaction of the change it records."""
-    now = timezone.now()  # produced and ingested here, in the same step
-    event = claim_sql.insert_row(
-        AuditEvent,
-        event_id=uuid.uuid4(),
+    event = AuditEvent.objects.create(
         kind=kind,
         tenant_id=tenant if isinstance(tenant, int) else tenant.pk,
         occurrence_id=occurrence.pk if isinstance(occurrence, Occurrence) else occurrence,
@@ -102,8 +99,7 @@ def audit_record(
         message_id=message_id,
         command_id=command_id,
         trace_id=structlog.contextvars.get_contextvars().get("trace_id", ""),
-        source_time=now,
-        ingested_at=now,
+        source_time=timezone.now(),
         data=data or {},
     )
     # Every claim writes one of these lines; when INFO is off, not even the event dict is built.
@@ -550,7 +546,7 @@ def _claimable_digest(tool: str, arguments: Any) -> str | None:
     writes as ``8000``) match an approval of 8000, where the proposal itself would have
     been refused with ``float_not_allowed``.
     """
-    schema = claim_sql.contract_schema(tool)
+    schema = ToolContract.objects.filter(name=tool).values_list("json_schema", flat=True).first()
     if schema is None:
         return None
     try:
@@ -604,32 +600,26 @@ def approval_claim(
                 message_id=message_id,
             )
         assert digest is not None  # _NO_DIGEST matches no approval
-        now = timezone.now()
-        epoch = claim_sql.insert_row(
-            Epoch,
-            id=uuid.uuid4(),
+        epoch = Epoch.objects.create(
             occurrence_id=consumed.occurrence_id,
             number=consumed.epochs + 1,
             execution_id=execution_id,
-            justification=Epoch.Justification.APPROVAL.value,
-            previous_id=None,
-            created_at=now,
+            justification=Epoch.Justification.APPROVAL,
         )
         command_id = uuid.uuid4()
-        command = claim_sql.insert_row(
-            Command,
+        command = Command.objects.create(
             id=command_id,
-            tenant_id=tenant.pk,
+            tenant=tenant,
             occurrence_id=consumed.occurrence_id,
             approval_id=consumed.approval_id,
-            epoch_id=epoch.id,
+            epoch=epoch,
             execution_id=execution_id,
             idempotency_key=f"cmd_{command_id.hex}",
             action_digest=digest,
-            state=Command.State.PENDING.value,
-            created_at=now,
         )
-        claim_sql.occurrence_mark_claimed(consumed.occurrence_id)
+        Occurrence.objects.filter(
+            pk=consumed.occurrence_id, status=Occurrence.Status.APPROVED
+        ).update(status=Occurrence.Status.CLAIMED, updated_at=DbNow())
         audit_record(
             kind="claim.approved",
             tenant=tenant,
