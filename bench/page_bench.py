@@ -365,6 +365,9 @@ class Page:
     headers: dict[str, str]
     # A poll whose content has not changed answers 204 No Content.
     statuses: tuple[int, ...] = (200,)
+    # A poll's 200 replaces the polling element, and with it the URL of the next poll (its
+    # stamp): a page that changed, or whose stamp includes the minute, polls as htmx would.
+    follows_poll: bool = False
 
 
 @dataclass
@@ -381,10 +384,16 @@ class PageError(Exception):
 
 
 def measure(client: Client, page: Page, iterations: int, warmup: int) -> Result:
+    path = page.path
+
     def get() -> Any:
-        response = client.get(page.path, headers=page.headers)
+        nonlocal path
+        response = client.get(path, headers=page.headers)
         if response.status_code not in page.statuses:
-            raise PageError(f"{page.label}: GET {page.path} answered {response.status_code}")
+            raise PageError(f"{page.label}: GET {path} answered {response.status_code}")
+        if page.follows_poll and response.status_code == 200:
+            found = poll_target(response.content.decode())
+            path = found[1] if found else path
         return response
 
     for _ in range(warmup):
@@ -452,7 +461,7 @@ def _poll(client: Client, page_path: str, label: str) -> list[Page]:
         "HX-Trigger": element_id,
         "HX-Current-URL": f"http://testserver{page_path}",
     }
-    return [Page(f"{label} (htmx)", url, headers, statuses=(200, 204))]
+    return [Page(f"{label} (htmx)", url, headers, statuses=(200, 204), follows_poll=True)]
 
 
 def table(results: list[Result]) -> str:
