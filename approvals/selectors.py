@@ -10,22 +10,18 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import (
-    BigIntegerField,
     Case,
-    CharField,
     Count,
-    DateTimeField,
     F,
-    Field,
-    IntegerField,
     Max,
     Min,
+    OuterRef,
     Prefetch,
     QuerySet,
+    Subquery,
     Value,
     When,
 )
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from approvals.models import (
@@ -206,70 +202,35 @@ def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: i
     return last
 
 
-def _tables() -> dict[str, str]:
-    return {
-        "occurrence": Occurrence._meta.db_table,
-        "audit": AuditEvent._meta.db_table,
-        "approval": Approval._meta.db_table,
-        "proposal": Proposal._meta.db_table,
-        "command": Command._meta.db_table,
-        "membership": Membership._meta.db_table,
-        "contract": ToolContract._meta.db_table,
-    }
-
-
-# Correlated subqueries of an occurrence row, written out once: compiled through the ORM
-# on every poll, six subqueries cost more CPU than the database spends running them (the
-# same trade as approvals.claim_sql). They refer to the occurrence table by its name,
-# which a queryset of occurrences leaves unaliased.
-_CURRENT_APPROVAL = """FROM {approval} a JOIN {proposal} p ON p.id = a.proposal_id
-    WHERE a.occurrence_id = {occurrence}.id AND p.is_current"""
-_FRESHNESS_SQL: dict[str, tuple[str, Field[Any, Any]]] = {
-    "fresh_event_id": (
-        "SELECT MAX(e.id) FROM {audit} e WHERE e.occurrence_id = {occurrence}.id",
-        BigIntegerField(),
-    ),
-    "fresh_approval_state": ("SELECT a.state " + _CURRENT_APPROVAL, CharField()),
-    "fresh_approval_expires_at": ("SELECT a.expires_at " + _CURRENT_APPROVAL, DateTimeField()),
-    "fresh_command_state": (
-        "SELECT c.state FROM {command} c JOIN {approval} a ON a.id = c.approval_id"
-        " JOIN {proposal} p ON p.id = a.proposal_id"
-        " WHERE a.occurrence_id = {occurrence}.id AND p.is_current",
-        CharField(),
-    ),
-    # Who can still approve is listed while the request is open.
-    "fresh_reviewers": (
-        "SELECT COUNT(*) FROM {membership} m"
-        " WHERE m.tenant_id = {occurrence}.tenant_id AND m.role = 'reviewer'",
-        IntegerField(),
-    ),
-    "fresh_last_reviewer": (
-        "SELECT MAX(m.id) FROM {membership} m"
-        " WHERE m.tenant_id = {occurrence}.tenant_id AND m.role = 'reviewer'",
-        BigIntegerField(),
-    ),
-    "fresh_quorum": (
-        "SELECT t.approvals_required FROM {contract} t WHERE t.id = {occurrence}.tool_id",
-        IntegerField(),
-    ),
-    "fresh_quorum_threshold": (
-        "SELECT t.quorum_threshold_minor FROM {contract} t WHERE t.id = {occurrence}.tool_id",
-        BigIntegerField(),
-    ),
-}
-_HISTORY_TOTAL_SQL = "SELECT COUNT(*) FROM {audit} e WHERE e.occurrence_id = {occurrence}.id"
-
-
-def _raw(sql: str, output_field: Field[Any, Any]) -> RawSQL:
-    # Constant SQL: the statements above with the models' table names, and no parameters.
-    return RawSQL(f"({sql.format(**_tables())})", (), output_field=output_field)  # noqa: S611
-
-
-def _freshness_annotations() -> dict[str, RawSQL]:
+def _freshness_annotations() -> dict[str, Any]:
     """What tells an open review page that it is out of date, as annotations of its
     occurrence: every decision, delivery, claim, edit and revocation writes an audit
     event; a command's state changes without one, and an approval expires by the clock."""
-    return {name: _raw(sql, field) for name, (sql, field) in _FRESHNESS_SQL.items()}
+    current_approval = Approval.objects.filter(occurrence=OuterRef("pk"), proposal__is_current=True)
+    reviewers = (
+        Membership.objects.filter(tenant=OuterRef("tenant"), role=Membership.Role.REVIEWER)
+        .order_by()
+        .values("tenant")
+    )
+    return {
+        "fresh_event_id": Subquery(
+            AuditEvent.objects.filter(occurrence=OuterRef("pk")).order_by("-id").values("id")[:1]
+        ),
+        "fresh_approval_state": Subquery(current_approval.values("state")[:1]),
+        "fresh_approval_expires_at": Subquery(current_approval.values("expires_at")[:1]),
+        "fresh_command_state": Subquery(
+            Command.objects.filter(
+                approval__occurrence=OuterRef("pk"), approval__proposal__is_current=True
+            )
+            .order_by()
+            .values("state")[:1]
+        ),
+        # Who can still approve is listed while the request is open.
+        "fresh_reviewers": Subquery(reviewers.annotate(n=Count("pk")).values("n")),
+        "fresh_last_reviewer": Subquery(reviewers.annotate(last=Max("pk")).values("last")),
+        "fresh_quorum": F("tool__approvals_required"),
+        "fresh_quorum_threshold": F("tool__quorum_threshold_minor"),
+    }
 
 
 @dataclass(frozen=True)
@@ -324,7 +285,13 @@ def review_queryset() -> QuerySet[Occurrence]:
         Occurrence.objects.select_related("tool", "tenant", "runtime_key")
         .annotate(
             **_freshness_annotations(),
-            history_total=_raw(_HISTORY_TOTAL_SQL, IntegerField()),
+            history_total=Subquery(
+                AuditEvent.objects.filter(occurrence=OuterRef("pk"))
+                .order_by()
+                .values("occurrence")
+                .annotate(n=Count("id"))
+                .values("n")
+            ),
         )
         .prefetch_related(
             Prefetch(
