@@ -85,6 +85,10 @@ class ApprovalAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # A deleted approval would turn a revocation into unknown_token: revoke instead.
+        return False
+
     @admin.action(description="Revoke selected approvals (kill switch)")
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
         count = services.approvals_revoke(
@@ -95,8 +99,19 @@ class ApprovalAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {count} approval(s).", messages.SUCCESS)
 
 
+class EvidenceAdmin(admin.ModelAdmin):
+    """Commands and epochs are made only by a claim: one approval, one command. Adding or
+    deleting them by hand would break that, so the admin only shows them."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(Command)
-class CommandAdmin(admin.ModelAdmin):
+class CommandAdmin(EvidenceAdmin):
     list_display = ["id", "tenant", "execution_id", "idempotency_key", "state", "created_at"]
     list_filter = ["state", "tenant"]
 
@@ -105,7 +120,7 @@ class CommandAdmin(admin.ModelAdmin):
 
 
 @admin.register(Epoch)
-class EpochAdmin(admin.ModelAdmin):
+class EpochAdmin(EvidenceAdmin):
     list_display = ["occurrence", "number", "execution_id", "justification", "created_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:

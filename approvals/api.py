@@ -26,6 +26,8 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.urls import URLPattern, URLResolver
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_variables
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -70,6 +72,7 @@ def error_response(
 
 
 class RuntimeKeyAuth(HttpBearer):
+    @method_decorator(sensitive_variables("token"))
     def authenticate(self, request: HttpRequest, token: str) -> RuntimeKey | None:
         return services.runtime_key_authenticate(token)
 

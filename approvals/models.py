@@ -138,6 +138,11 @@ class ToolContract(models.Model):
             raise ValidationError({"json_schema": errors})
         if self.auto_admit and self.replay_safety != self.ReplaySafety.READ_ONLY:
             raise ValidationError({"auto_admit": "Only read-only tools may be auto-admitted."})
+        amount = self.json_schema.get("properties", {}).get(self.quorum_amount_argument, {})
+        if self.quorum_amount_argument and amount.get("type") != "integer":
+            raise ValidationError(
+                {"quorum_amount_argument": "Name an integer argument of the schema."}
+            )
         if bool(self.quorum_amount_argument) != (self.quorum_threshold_minor is not None):
             raise ValidationError(
                 {"quorum_threshold_minor": "Set the amount argument and the threshold together."}

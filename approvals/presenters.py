@@ -564,7 +564,6 @@ REPLAY_SAFETY_HELP = {
 # Refusals a reviewer can meet, said in the console's words.
 REFUSALS = {
     "not_pending": "Another decision was recorded first; this is the current state.",
-    "self_approval": "You requested this action, so another reviewer must approve it.",
     "not_editable": "This request can no longer be edited: it is no longer pending or unclaimed.",
 }
 

@@ -17,6 +17,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from approvals import claim_sql, tokens
 from approvals.canonical import InputError, canonicalize, validate_arguments
@@ -150,6 +151,7 @@ def runtime_key_create(*, tenant: Tenant, name: str) -> tuple[RuntimeKey, str]:
     return key, raw
 
 
+@sensitive_variables("raw")
 def runtime_key_authenticate(raw: str) -> RuntimeKey | None:
     key = (
         RuntimeKey.objects.select_related("tenant")
@@ -290,8 +292,9 @@ def occurrence_approve(
     the contract's quorum of distinct reviewers is reached.
 
     Refuses a digest that is not the current version's, a reviewer approving their own
-    request, a non-reviewer, and anything no longer pending. Concurrent approvers are
-    serialized by the occurrence's row lock: exactly one of them issues the approval.
+    request or their own edit, a non-reviewer, and anything no longer pending. Concurrent
+    approvers are serialized by the occurrence's row lock: exactly one of them issues the
+    approval.
     """
     with transaction.atomic():
         occ = _lock_occurrence(occurrence)
@@ -299,10 +302,19 @@ def occurrence_approve(
         username = _username(reviewer)
         if occ.requested_by and occ.requested_by == username:
             raise ServiceError(
-                "self_approval", "You requested this action, so someone else must approve it.", 403
+                "self_approval",
+                "You requested this action, so another reviewer must approve it.",
+                403,
             )
         _require_pending(occ)
         proposal = occ.proposals.get(is_current=True)
+        if proposal.edited_by_id is not None and proposal.edited_by_id == reviewer.pk:
+            # Otherwise one reviewer could rewrite an action and approve it alone.
+            raise ServiceError(
+                "self_approval",
+                "You edited this version, so another reviewer must approve it.",
+                403,
+            )
         if not hmac.compare_digest(seen_digest.encode(), proposal.action_digest.encode()):
             raise ServiceError(
                 "stale_digest",
@@ -458,6 +470,7 @@ def _current_approval(occurrence: Occurrence) -> Approval | None:
     return Approval.objects.filter(occurrence=occurrence, proposal__is_current=True).first()
 
 
+@sensitive_variables("raw")
 def approval_deliver_token(*, occurrence: Occurrence) -> DeliveredToken:
     """Mint the approval's token and hand it out exactly once.
 
@@ -527,10 +540,6 @@ class ClaimResult:
     reason: str
     command: Command | None = None
 
-    @property
-    def admitted(self) -> bool:
-        return self.decision in {Decision.APPROVED, Decision.DUPLICATE_DELIVERY}
-
 
 # What the guard compares with when the presented action breaks its contract: no SHA-256
 # hex digest is "-", so the UPDATE consumes nothing, and the refusal is still explained
@@ -556,6 +565,7 @@ def _claimable_digest(tool: str, arguments: Any) -> str | None:
         return None
 
 
+@sensitive_variables("token")
 def approval_claim(
     *,
     tenant: Tenant,
@@ -661,6 +671,7 @@ def _explain_refusal(
     return Decision.SCOPE_MISMATCH, "action_differs"
 
 
+@sensitive_variables("token")
 def _claim_refused(
     *,
     tenant: Tenant,
@@ -709,13 +720,16 @@ def approval_revoke(*, approval: Approval, admin: User, reason: str) -> bool:
 
 
 def approvals_revoke(*, approvals: QuerySet[Approval], actor: str, reason: str) -> int:
-    """Revoke every still-issued approval in ``approvals``; returns how many."""
+    """Revoke every approval in ``approvals`` that could still authorize something (issued,
+    not superseded by an edit, not past its expiry); returns how many."""
     reason = (reason or "").strip()
     if not reason:
         raise InputError("reason_required", "Say why the approvals are revoked.", "reason")
     with transaction.atomic():
         targets = list(
-            approvals.filter(state=Approval.State.ISSUED)
+            approvals.filter(
+                state=Approval.State.ISSUED, superseded_at__isnull=True, expires_at__gt=DbNow()
+            )
             .select_for_update(of=("self",))
             # One lock order for every revocation, so that two of them never deadlock.
             .order_by("pk")

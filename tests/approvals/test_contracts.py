@@ -92,3 +92,13 @@ def test_admin_form_refuses_a_schema_that_allows_unknown_arguments(
     assert response.status_code == 200
     assert "additionalProperties" in response.content.decode()
     assert not ToolContract.objects.filter(name="delete_file").exists()
+
+
+@pytest.mark.django_db
+def test_quorum_must_name_an_integer_argument_of_the_schema() -> None:
+    # A typo would otherwise make approvals_needed() return 1 forever.
+    with pytest.raises(ValidationError) as excinfo:
+        contract(quorum_amount_argument="amount", quorum_threshold_minor=100).full_clean()
+    assert "quorum_amount_argument" in excinfo.value.message_dict
+    with pytest.raises(ValidationError):
+        contract(quorum_amount_argument="path", quorum_threshold_minor=100).full_clean()

@@ -205,13 +205,13 @@ def test_refund_at_the_threshold_needs_one_reviewer(runtime: Runtime, reviewer: 
 
 
 def test_votes_on_an_edited_away_version_do_not_count(
-    runtime: Runtime, reviewer: Any, second_reviewer: Any
+    runtime: Runtime, tenant: Tenant, reviewer: Any, second_reviewer: Any
 ) -> None:
     occurrence = _propose(runtime, BIG_REFUND)
     _approve(occurrence, reviewer)
     services.proposal_edit(
         occurrence=occurrence,
-        editor=second_reviewer,
+        editor=make_user("rosa", tenant, Membership.Role.REVIEWER),
         arguments={**BIG_REFUND, "amount_minor": 60000},
         seen_digest=_digest(occurrence),
     )
@@ -453,3 +453,66 @@ def test_runtime_key_keeps_only_its_prefix_and_four_characters_in_clear(tenant: 
     assert key.prefix == raw[:7]
     assert key.prefix.startswith(tokens.RUNTIME_KEY_PREFIX)
     assert key.key_hash == tokens.hash_secret(raw)
+
+
+# --- separation of duties over edits, and what the kill switch may touch --------------------
+
+
+def test_the_editor_of_a_version_cannot_approve_it_alone(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    occurrence = _propose(runtime)
+    services.proposal_edit(
+        occurrence=occurrence,
+        editor=second_reviewer,
+        arguments={**REFUND_ARGS, "payment_id": "pay_attacker"},
+        seen_digest=_digest(occurrence),
+    )
+
+    _refused("self_approval", 403, lambda: _approve(occurrence, second_reviewer), occurrence)
+
+    assert _approve(occurrence, reviewer).issued
+
+
+def test_revoking_by_approver_spares_the_live_approval_of_a_newer_version(
+    runtime: Runtime, tenant: Tenant, reviewer: Any, second_reviewer: Any
+) -> None:
+    third = make_user("rosa", tenant, Membership.Role.REVIEWER)
+    occurrence = _propose(runtime)
+    _approve(occurrence, reviewer)
+    services.proposal_edit(
+        occurrence=occurrence,
+        editor=third,
+        arguments={**REFUND_ARGS, "amount_minor": 100},
+        seen_digest=_digest(occurrence),
+    )
+    assert _approve(occurrence, second_reviewer).issued
+
+    # The old approval can authorize nothing any more: there is nothing to revoke.
+    revoked = services.approvals_revoke(
+        approvals=Approval.objects.filter(approver=reviewer), actor="cli", reason="incident"
+    )
+
+    assert revoked == 0
+    occurrence.refresh_from_db()
+    assert occurrence.status == Occurrence.Status.APPROVED
+    live = Approval.objects.get(occurrence=occurrence, superseded_at__isnull=True)
+    assert live.state == Approval.State.ISSUED
+
+
+def test_kill_switch_does_not_count_approvals_that_already_expired(
+    approved: str, admin_user: Any
+) -> None:
+    approval = Approval.objects.get(occurrence_id=approved)
+    Approval.objects.filter(pk=approval.pk).update(
+        issued_at=approval.issued_at - timedelta(hours=1),
+        expires_at=approval.issued_at - timedelta(minutes=1),
+    )
+
+    revoked = services.approvals_revoke(
+        approvals=Approval.objects.all(), actor="cli", reason="incident"
+    )
+
+    assert revoked == 0
+    assert Approval.objects.get(pk=approval.pk).state == Approval.State.ISSUED
+    assert Occurrence.objects.get(pk=approved).status == Occurrence.Status.APPROVED
