@@ -35,8 +35,10 @@ class InboxFilterForm(forms.Form):
         tool_field.choices = self.tool_choices
 
     def filters(self) -> tuple[str, str]:
-        """The tool and state to filter by; anything unrecognised falls back to defaults."""
-        data = self.cleaned_data if self.is_valid() else {}
+        """The tool and state to filter by; anything unrecognised falls back to defaults,
+        field by field, so a bad page number does not drop the tool and state."""
+        self.is_valid()
+        data = self.cleaned_data
         tool = data.get("tool") or ""
         state = data.get("state") or Occurrence.Status.PENDING_REVIEW.value
         return tool, state

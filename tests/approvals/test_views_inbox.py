@@ -143,6 +143,15 @@ def test_tool_filter_and_the_filter_form(runtime: Runtime, reviewer: Any) -> Non
     assert {t.attrs["value"] for t in selected} == {"send_message", "pending_review"}
 
 
+def test_a_bad_page_number_keeps_the_tool_filter(runtime: Runtime, reviewer: Any) -> None:
+    propose(runtime)
+    message = propose(
+        runtime, tool="send_message", arguments={"to": "a@b.c", "subject": "s", "body": "b"}
+    )
+    page = parse(signed_in(reviewer).get("/reviews/?tool=send_message&page=abc"))
+    assert row_ids(page) == [message]
+
+
 def test_inbox_pages_25_rows(runtime: Runtime, reviewer: Any) -> None:
     ids = propose_many(runtime, 30)
     client = signed_in(reviewer)
