@@ -631,6 +631,7 @@ class DecisionPanel:
     is_reviewer: bool
     is_admin: bool
     is_requester: bool
+    is_editor: bool  # wrote the current version, so may not approve it
     has_voted: bool
     undecided: bool
     can_decide: bool
@@ -704,7 +705,9 @@ def decision_panel(
     eligible = [
         name
         for name in snapshot.reviewer_names
-        if name not in decision.voters and name != occurrence.requested_by
+        if name not in decision.voters
+        and name != occurrence.requested_by
+        and (proposal.edited_by is None or name != proposal.edited_by.username)
     ]
     expires_in = ""
     if approval is not None and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}:
@@ -738,6 +741,7 @@ def decision_panel(
         is_reviewer=viewer.is_reviewer,
         is_admin=viewer.is_admin,
         is_requester=bool(occurrence.requested_by) and occurrence.requested_by == viewer.username,
+        is_editor=proposal.edited_by is not None and proposal.edited_by.username == viewer.username,
         has_voted=viewer.username in decision.voters,
         undecided=undecided,
         can_decide=can_decide,

@@ -207,6 +207,28 @@ def test_self_approval_is_refused_with_a_clear_message(runtime: Runtime, reviewe
     assert not ApprovalVote.objects.filter(proposal__occurrence_id=occurrence_id).exists()
 
 
+def test_the_editor_of_a_version_is_told_and_refused(
+    reviewer: Any, second_reviewer: Any, pending: str
+) -> None:
+    services.proposal_edit(
+        occurrence=Occurrence.objects.get(pk=pending),
+        editor=second_reviewer,
+        arguments={**REFUND_ARGS, "payment_id": "pay_other"},
+        seen_digest=digest_of(pending),
+    )
+    client = signed_in(second_reviewer)
+    page = parse(client.get(f"/reviews/{pending}/"))
+    assert "You wrote this version" in page.text("approve-form")
+
+    response = client.post(
+        f"/reviews/{pending}/approve", {"action_digest": digest_of(pending)}, headers=HTMX
+    )
+    page = parse(response)
+    assert state(page) == "pending"
+    assert "You edited this version" in page.text("decision-message")
+    assert not Approval.objects.filter(occurrence_id=pending).exists()
+
+
 def test_second_approver_who_lost_the_race_sees_the_issued_state(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
