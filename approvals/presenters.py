@@ -11,7 +11,6 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -29,7 +28,6 @@ from approvals.forms import STATE_ALL, STATE_CHOICES
 from approvals.models import Approval, AuditEvent, Command, Occurrence, Proposal, ToolContract
 from approvals.selectors import (
     DELIVERED,
-    EVIDENCE_NAMES,
     ClaimTally,
     DecisionView,
     Freshness,
@@ -455,26 +453,6 @@ class EvidencePart:
 
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n:,} {one if n == 1 else many}"
-
-
-def claim_tally_of(events: Iterable[AuditEvent]) -> ClaimTally:
-    """What ``selectors.claim_tally`` counts in the database, counted in a list of events."""
-    claims = [e for e in events if e.kind.startswith("claim.")]
-    by_decision = Counter(e.decision for e in claims)
-    deliveries: Counter[str] = Counter(e.execution_id for e in claims if e.decision in DELIVERED)
-    replayers = list(dict.fromkeys(e.execution_id for e in claims if e.decision == "replayed"))
-    return ClaimTally(
-        by_decision=dict(by_decision),
-        commands=len({e.command_id for e in claims if e.decision == "approved" and e.command_id}),
-        deliveries=list(deliveries.items())[:EVIDENCE_NAMES],
-        replayers=replayers[:EVIDENCE_NAMES],
-        replayer_total=len(replayers),
-    )
-
-
-def evidence_summary(events: Iterable[AuditEvent]) -> list[EvidencePart]:
-    """The evidence line of a list of events; a page counts in the database instead."""
-    return evidence_parts(claim_tally_of(events))
 
 
 def evidence_parts(tally: ClaimTally) -> list[EvidencePart]:

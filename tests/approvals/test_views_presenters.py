@@ -5,6 +5,7 @@ things as the review page and the inbox show them."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.models import AuditEvent, Command
 from approvals.presenters import (
-    evidence_summary,
+    EvidencePart,
+    evidence_parts,
     evidence_text,
     format_money,
     history_row,
@@ -22,8 +24,30 @@ from approvals.presenters import (
     money_lines,
     reveal,
 )
+from approvals.selectors import DELIVERED, EVIDENCE_NAMES, ClaimTally
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime
+
+
+def evidence_summary(events: list[AuditEvent]) -> list[EvidencePart]:
+    """The evidence line of a list of events, counted here the way
+    ``selectors.claim_tally`` counts in the database (the page uses that one)."""
+    claims = [e for e in events if e.kind.startswith("claim.")]
+    by_decision = Counter(e.decision for e in claims)
+    deliveries: Counter[str] = Counter(e.execution_id for e in claims if e.decision in DELIVERED)
+    replayers = list(dict.fromkeys(e.execution_id for e in claims if e.decision == "replayed"))
+    return evidence_parts(
+        ClaimTally(
+            by_decision=dict(by_decision),
+            commands=len(
+                {e.command_id for e in claims if e.decision == "approved" and e.command_id}
+            ),
+            deliveries=list(deliveries.items())[:EVIDENCE_NAMES],
+            replayers=replayers[:EVIDENCE_NAMES],
+            replayer_total=len(replayers),
+        )
+    )
+
 
 # --- money ---------------------------------------------------------------------------------
 
