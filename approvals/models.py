@@ -7,6 +7,7 @@ constraints, so that a bug in a service cannot quietly break them.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -233,6 +234,12 @@ class Proposal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.occurrence_id} v{self.version}"
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The arguments, read back from the canonical JSON that was digested."""
+        arguments = json.loads(self.canonical_action).get("arguments", {})
+        return arguments if isinstance(arguments, dict) else {}
 
 
 class ApprovalVote(models.Model):

@@ -35,6 +35,7 @@ from approvals.selectors import (
     PanelState,
     ReviewSnapshot,
     approval_state,
+    effective_approval_state,
 )
 
 PANEL_POLL_SECONDS = 2
@@ -115,11 +116,6 @@ def plain_reveal(text: str) -> str:
 
 def json_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
-
-
-def arguments_of(proposal: Proposal) -> dict[str, Any]:
-    arguments = json.loads(proposal.canonical_action).get("arguments", {})
-    return arguments if isinstance(arguments, dict) else {}
 
 
 # --- money ------------------------------------------------------------------------------
@@ -251,7 +247,7 @@ def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
     proposals = getattr(occurrence, "current_proposals", [])
     votes = getattr(proposals[0], "votes_count", 0) if proposals else 0
     if status == Occurrence.Status.PENDING_REVIEW and votes:
-        needed = occurrence.tool.approvals_needed(arguments_of(proposals[0]))
+        needed = occurrence.tool.approvals_needed(proposals[0].arguments)
         return "awaiting_quorum", f"{votes} of {needed} approval{'' if needed == 1 else 's'}"
     badge = "pending" if status == Occurrence.Status.PENDING_REVIEW else status
     return badge, Occurrence.Status(status).label
@@ -272,7 +268,7 @@ class InboxRow:
 def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
     """One row, from an occurrence loaded by ``selectors.inbox_occurrences``."""
     proposals = getattr(occurrence, "current_proposals", [])
-    arguments = arguments_of(proposals[0]) if proposals else {}
+    arguments = proposals[0].arguments if proposals else {}
     badge, label = inbox_badge(occurrence, now)
     return InboxRow(
         occurrence=occurrence,
@@ -637,11 +633,12 @@ class DecisionPanel:
 
 def expiry(fresh: Freshness, now: datetime) -> tuple[str | None, str]:
     """The approval's state at ``now`` and, while it is issued, the time left in words."""
-    if fresh.approval_state != Approval.State.ISSUED or fresh.approval_expires_at is None:
+    if fresh.approval_state is None or fresh.approval_expires_at is None:
         return fresh.approval_state, ""
-    if fresh.approval_expires_at <= now:
-        return Approval.State.EXPIRED, ""
-    return fresh.approval_state, timesince(now, fresh.approval_expires_at).split(",")[0]
+    state = effective_approval_state(fresh.approval_state, fresh.approval_expires_at, now)
+    if state != Approval.State.ISSUED:
+        return state, ""
+    return state, timesince(now, fresh.approval_expires_at).split(",")[0]
 
 
 def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: datetime) -> str:
@@ -753,7 +750,7 @@ class DiffRow:
 
 def diff_rows(old: Proposal, new: Proposal) -> list[DiffRow]:
     """The arguments that differ between two versions, by name."""
-    before, after = arguments_of(old), arguments_of(new)
+    before, after = old.arguments, new.arguments
     rows = []
     for key in sorted(set(before) | set(after)):
         old_text = json_value(before[key]) if key in before else ""
@@ -777,7 +774,7 @@ def diff_base(proposals: list[Proposal], current: Proposal, since_digest: str) -
 
 def edit_initial(proposal: Proposal) -> dict[str, str]:
     """The edit form's starting text: the current arguments, hidden characters escaped."""
-    arguments = json.dumps(arguments_of(proposal), indent=2, ensure_ascii=False)
+    arguments = json.dumps(proposal.arguments, indent=2, ensure_ascii=False)
     return {"arguments": plain_reveal(arguments), "action_digest": proposal.action_digest}
 
 
@@ -787,7 +784,7 @@ def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, An
     proposal = panel.proposal
     proposals = list(occurrence.proposals.all())
     action = reveal(pretty(proposal.canonical_action))
-    arguments = arguments_of(proposal)
+    arguments = proposal.arguments
     base = diff_base(proposals, proposal, since_digest)
     tool = occurrence.tool
     return {

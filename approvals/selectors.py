@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -45,13 +44,16 @@ def parse_uuid(value: str) -> uuid.UUID | None:
         return None
 
 
-def approval_state(approval: Approval, now: datetime | None = None) -> str:
+def effective_approval_state(state: str, expires_at: datetime | None, now: datetime) -> str:
     """The state a person or runtime should see: an issued approval past its expiry is
-    expired even before anything writes that down."""
-    now = now or timezone.now()
-    if approval.state == Approval.State.ISSUED and approval.expires_at <= now:
+    expired even before anything writes that down (``now == expires_at`` is expired)."""
+    if state == Approval.State.ISSUED and expires_at is not None and expires_at <= now:
         return Approval.State.EXPIRED
-    return approval.state
+    return state
+
+
+def approval_state(approval: Approval, now: datetime | None = None) -> str:
+    return effective_approval_state(approval.state, approval.expires_at, now or timezone.now())
 
 
 def occurrence_detail_queryset() -> QuerySet[Occurrence]:
@@ -469,9 +471,8 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
     now = now or timezone.now()
     proposal = current_proposal(occurrence)
     votes = list(proposal.votes.all())
-    arguments = json.loads(proposal.canonical_action).get("arguments", {})
-    needed = occurrence.tool.approvals_needed(arguments if isinstance(arguments, dict) else {})
-    approval = next((a for a in occurrence.approvals.all() if a.proposal_id == proposal.pk), None)
+    needed = occurrence.tool.approvals_needed(proposal.arguments)
+    approval = current_approval(occurrence)
     command = None
     if approval is not None:
         command = next((c for c in occurrence.commands.all() if c.approval_id == approval.pk), None)

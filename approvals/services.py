@@ -4,7 +4,6 @@ audit event in the same transaction."""
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -323,8 +322,7 @@ def occurrence_approve(
         _, created = ApprovalVote.objects.get_or_create(
             proposal=proposal, reviewer_id=reviewer.pk, defaults={"seen_digest": seen_digest}
         )
-        arguments = json.loads(proposal.canonical_action)["arguments"]
-        needed = occ.tool.approvals_needed(arguments)
+        needed = occ.tool.approvals_needed(proposal.arguments)
         votes = proposal.votes.count()
         if created:
             audit_record(

@@ -195,7 +195,7 @@ def seed(*, n: int, m: int, hot: int, tenant_id: int, key_id: int, reviewer: Any
         SELECT {occ_id("g")}, {tenant_id}, {key_id}, {tool_id}, 'run-' || (g / 7),
             'Customer ticket ' || g || ': the agent proposes this after reading the thread.',
             'support-agent', 'ref-' || g, {status_sql("g")},
-            CASE WHEN g % 10 = 3 THEN 'policy:read_only' ELSE '' END,
+            CASE WHEN g % 10 = 3 THEN 'read_only' ELSE '' END,
             CASE WHEN g % 10 = 2 THEN 'Outside the refund window.' ELSE '' END,
             CASE WHEN g % 10 = 0 THEN NULL ELSE {created} + interval '2 minutes' END,
             {created}, {created} + interval '5 minutes'
