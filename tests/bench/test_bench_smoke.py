@@ -28,7 +28,7 @@ def _test_database_url() -> str:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the claim bench needs PostgreSQL")
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.django_db(transaction=True)
 def test_claim_bench_runs_and_prints_the_ratio(transactional_db: Any) -> None:
     # The subprocess writes to the test database itself; the transactional test's flush
     # removes its rows afterwards.

@@ -13,7 +13,7 @@ from tests.conftest import Runtime
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 MESSAGE = {"to": "dana@example.com", "subject": "Your refund", "body": "It is on its way."}

@@ -27,9 +27,9 @@ from tests.conftest import REFUND_ARGS, Runtime, approve
 pytestmark = [
     pytest.mark.browser,
     # The live server answers from its own thread and connection, so the test's writes
-    # must be committed; serialized_rollback brings back the shipped tool contracts that
-    # the flush after each transactional test removes.
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    # must be committed (tests/conftest.py reinstalls the shipped tool contracts that the
+    # flush after each transactional test removes).
+    pytest.mark.django_db(transaction=True),
 ]
 
 

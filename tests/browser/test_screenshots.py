@@ -23,7 +23,7 @@ from tests.conftest import Runtime, approve
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -14,7 +14,7 @@ from tests.conftest import Runtime, approve
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 SCRIPT = "<script>window.__pwned=1</script>"
