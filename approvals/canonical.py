@@ -11,12 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Any
 
+import icu
+import iso4217
 import rfc8785
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.validators import extend
 
 
@@ -181,8 +187,50 @@ def _is_strict_integer(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@lru_cache(maxsize=512)
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema ``pattern`` compiled with ECMA-262's meaning of ``$``: the end of the
+    string. Python's ``$`` also matches before a final newline, so ``^[a-z]+$`` would let
+    ``"abc\\n"`` through an identifier pattern; here ``$`` outside a character class
+    becomes ``\\Z``."""
+    out: list[str] = []
+    index, in_class = 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            out.append(pattern[index : index + 2])
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            # "[]" and "[^]" start with a literal "]" in Python's syntax.
+            for prefix in ("]", "^]"):
+                if pattern.startswith(prefix, index + 1):
+                    out.append("[" + prefix)
+                    index += 1 + len(prefix)
+                    break
+            else:
+                out.append(char)
+                index += 1
+            continue
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+        index += 1
+    return re.compile("".join(out))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_pattern(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 _type_checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer)
-StrictValidator = extend(Draft202012Validator, type_checker=_type_checker)
+StrictValidator = extend(
+    Draft202012Validator, validators={"pattern": _pattern}, type_checker=_type_checker
+)
 
 
 def check_contract_schema(schema: Any) -> list[str]:
@@ -242,6 +290,77 @@ def validate_arguments(schema: dict[str, Any], arguments: Any) -> None:
         details = [_error_detail(e) for e in errors]
         first = details[0]
         raise InputError(first["code"], first["message"], first["field"], details)
+    money = [
+        {
+            "field": f"arguments.{path}",
+            "code": "unknown_currency",
+            "message": (
+                f"{_printable(str(code))[:40]!r} is not an ISO 4217 currency that money can be "
+                "paid in: the codes for no currency (XXX), testing (XTS), precious metals, "
+                "special drawing rights, bond units and funds are refused too."
+            ),
+        }
+        for path, code in money_currencies(arguments)
+        if currency_exponent(code) is None
+    ]
+    if money:
+        raise InputError(money[0]["code"], money[0]["message"], money[0]["field"], money)
+
+
+# --- money ------------------------------------------------------------------------------
+
+MINOR_SUFFIX = "_minor"
+
+
+def _accepted_currencies() -> dict[str, int]:
+    """ISO 4217 (the maintenance agency's list one, as the ``iso4217`` package ships it):
+    every current currency with its minor-unit exponent. Codes without minor units (XXX no
+    currency, XTS testing, XAU and the other precious metals, XDR, XSU, XUA, the XB* bond
+    units) and the funds codes (BOV, CHE, CHW, CLF, COU, MXV, USN, UYI) are not money a
+    payment is made in, so they are left out."""
+    funds = {
+        (entry.findtext("Ccy") or "").strip()
+        for entry in iso4217.raw_xml.iter("CcyNtry")
+        if (name := entry.find("CcyNm")) is not None and name.get("IsFund") == "true"
+    }
+    return {
+        currency.value: currency.exponent
+        for currency in iso4217.Currency
+        if currency.exponent is not None and currency.value not in funds
+    }
+
+
+CURRENCIES: dict[str, int] = _accepted_currencies()
+
+
+def currency_exponent(code: Any) -> int | None:
+    """Digits after the decimal point in the ISO 4217 currency ``code`` (2 for EUR, 0 for
+    JPY, 3 for KWD), or None when ``code`` is no currency money is paid in."""
+    return CURRENCIES.get(code) if isinstance(code, str) else None
+
+
+def is_amount(key: str, value: Any) -> bool:
+    """An integer amount in minor units: a ``*_minor`` key holding an integer."""
+    return (
+        key.endswith(MINOR_SUFFIX)
+        and len(key) > len(MINOR_SUFFIX)
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    )
+
+
+def money_currencies(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """The ``currency`` of every object holding an integer ``*_minor`` amount, with its
+    path (``currency``, ``lines[0].currency``): money is minor units plus a currency."""
+    if isinstance(value, dict):
+        if "currency" in value and any(is_amount(k, v) for k, v in value.items()):
+            yield _child(path, "currency"), value["currency"]
+        for key, nested in value.items():
+            if isinstance(nested, dict | list):
+                yield from money_currencies(nested, _child(path, key))
+    elif isinstance(value, list):
+        for index, nested in enumerate(value):
+            yield from money_currencies(nested, f"{path}[{index}]")
 
 
 # --- canonical form -------------------------------------------------------------------
@@ -301,3 +420,153 @@ def _leaf(value: Any) -> str:
     if isinstance(value, _Number):
         return str(value)
     return rfc8785.dumps(value).decode("utf-8")
+
+
+# --- text a person must read correctly -----------------------------------------------------
+
+# Characters that render as nothing, as a space, or that reorder the text around them
+# (bidi controls): a reviewer cannot see them.
+_HIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
+
+
+def is_hidden(char: str) -> bool:
+    if char in "\n\t":
+        return False
+    category = unicodedata.category(char)
+    return category in _HIDDEN_CATEGORIES or (category == "Zs" and char != " ")
+
+
+@cache
+def _spoof_checker() -> Any:
+    """ICU's implementation of Unicode TR39 (security mechanisms): skeletons from
+    confusables.txt, and the restriction levels that define mixed-script text."""
+    checker = icu.SpoofChecker()
+    checker.setChecks(icu.USpoofChecks.RESTRICTION_LEVEL | icu.USpoofChecks.MIXED_NUMBERS)
+    # TR39's "highly restrictive": one script, or Latin with Han and the Japanese or
+    # Korean scripts that go with it. Latin with Cyrillic or Greek in one word is not.
+    checker.setRestrictionLevel(icu.URestrictionLevel.HIGHLY_RESTRICTIVE)
+    return checker
+
+
+def skeleton(text: str) -> str:
+    """The TR39 skeleton of ``text``: two strings with one skeleton look alike."""
+    return str(_spoof_checker().getSkeleton(0, text))
+
+
+def identity_key(name: str) -> str:
+    """What is left of a person's name or address once everything a reader cannot see is
+    gone: NFKC, hidden characters removed, case folded, spaces trimmed and collapsed, then
+    the TR39 skeleton (so ``Rita``, ``rita ``, ``rita\\u200b``, ``RITA`` and ``r\\u0456ta``
+    with a Cyrillic ``\\u0456`` all give ``rita``)."""
+    # NFKC first: it turns no-break and other wide spaces into plain ones.
+    visible = "".join(c for c in unicodedata.normalize("NFKC", name) if not is_hidden(c))
+    folded = " ".join(visible.casefold().split())
+    return unicodedata.normalize("NFKC", skeleton(folded)).casefold()
+
+
+def same_person(name: str, *identities: str) -> bool:
+    """Whether ``name`` (agent-supplied) names one of ``identities`` (a username, an email
+    address) after ``identity_key``. An empty or invisible name names no one."""
+    key = identity_key(name)
+    return bool(key) and any(key == identity_key(i) for i in identities if i)
+
+
+@dataclass(frozen=True)
+class LookAlike:
+    """A word of agent-supplied text that is not what it looks like."""
+
+    word: str
+    reads_as: str  # what a reader takes it for: look-alike characters replaced
+    reasons: tuple[str, ...]
+
+
+_LETTERS_AND_DIGITS = ("L", "N")
+_MARKS = {"Mn", "Me"}
+_COMMON_SCRIPTS = {icu.UScriptCode.COMMON, icu.UScriptCode.INHERITED, icu.UScriptCode.UNKNOWN}
+_MAX_LOOK_ALIKES = 20
+
+
+def _char_name(char: str) -> str:
+    return f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')}"
+
+
+@lru_cache(maxsize=4096)
+def _imitates(char: str) -> str:
+    """The ASCII text a non-ASCII letter or digit passes for, or "": its TR39 skeleton
+    (Cyrillic \\u0430 -> a, Cherokee \\u13ce -> 4, the ligature \\ufb01 -> fi), else its NFKC
+    form (fullwidth \\uff14 -> 4, superscript \\u00b2 -> 2)."""
+    if (
+        char.isascii()
+        or is_hidden(char)
+        or not unicodedata.category(char).startswith(_LETTERS_AND_DIGITS)
+    ):
+        return ""
+    for form in (skeleton(char), unicodedata.normalize("NFKC", char)):
+        if form != char and form.isascii() and form.isprintable():
+            return form
+    return ""
+
+
+def _scripts(word: str) -> list[str]:
+    names: dict[str, None] = {}
+    for char in word:
+        script = icu.Script.getScript(char)
+        if script.getScriptCode() not in _COMMON_SCRIPTS:
+            names[str(script.getName()).replace("_", " ")] = None
+    return list(names)
+
+
+def _look_alike(word: str) -> LookAlike | None:
+    reasons: list[str] = []
+    problems = int(_spoof_checker().check(word))
+    mixed = bool(problems & icu.USpoofChecks.RESTRICTION_LEVEL)
+    if mixed:
+        reasons.append(f"mixes scripts in one word: {' + '.join(_scripts(word))}")
+    if problems & icu.USpoofChecks.MIXED_NUMBERS:
+        reasons.append("mixes digits of different number systems")
+    word = unicodedata.normalize("NFC", word)
+    # A word in one script is flagged only when all of it passes for ASCII (Cyrillic
+    # "\u0440\u0430\u0443" is "pay" to a reader, while an ordinary Russian word is plainly
+    # Cyrillic), or for its compatibility characters (fullwidth, ligatures, superscripts),
+    # which always pass for others.
+    passes_for_ascii = mixed or skeleton(word).isascii()
+    reads: list[str] = []
+    base = ""
+    for char in word:
+        if unicodedata.category(char) in _MARKS and not is_hidden(char):
+            # A mark that NFC could not fold into a letter with its ASCII base: a hat on
+            # a digit, a dot under an underscore. Easy to miss, and no letter anywhere.
+            if base.isascii() and base:
+                reasons.append(f"{_char_name(char)} is stacked on {base!r}")
+                continue
+        else:
+            base = char
+        imitated = _imitates(char)
+        if imitated and (passes_for_ascii or unicodedata.normalize("NFKC", char) != char):
+            reasons.append(f"{_char_name(char)} looks like {imitated!r}")
+            reads.append(imitated)
+        else:
+            reads.append(char)
+    if not reasons:
+        return None
+    return LookAlike(word, "".join(reads), tuple(dict.fromkeys(reasons)))
+
+
+def look_alikes(text: str) -> list[LookAlike]:
+    """The words of ``text`` that are not what they look like (Unicode TR39): a word mixing
+    scripts (``p\u0430y_42``, Latin and Cyrillic) or number systems, letters and digits
+    that pass for ASCII ones (Cyrillic ``\u0430``, fullwidth ``\uff14``), and combining
+    marks stacked on an ASCII character (``4\u0302``). Plain ASCII is never flagged, and
+    neither is ordinary text in one script (``café``, ``Привет``)."""
+    if text.isascii():
+        return []
+    found: list[LookAlike] = []
+    for word in text.split():
+        if word.isascii():
+            continue
+        flagged = _look_alike(word)
+        if flagged is not None:
+            found.append(flagged)
+            if len(found) == _MAX_LOOK_ALIKES:
+                break
+    return found

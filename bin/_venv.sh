@@ -1,26 +1,46 @@
-# Sourced by bin/demo and bin/test: make .venv with the project installed.
-# Reinstalls only when pyproject.toml changed since the last install.
+# Sourced by bin/demo, bin/test and bin/serve: make .venv with the project installed from
+# the lock files (requirements/base.txt, requirements/dev.txt), so that every machine runs
+# the versions the suite was run with. Reinstalls only when the lock changed since the last
+# install. Refresh the locks after changing pyproject.toml with:
+#   .venv/bin/pip install uv && .venv/bin/uv pip compile pyproject.toml --universal \
+#       --python-version 3.11 -o requirements/base.txt
+#   (and the same with --extra dev -o requirements/dev.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+# PyICU (Unicode TR39 confusables, from ICU itself) builds against the system's ICU.
+ensure_icu() {
+    if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists icu-uc 2>/dev/null \
+        && command -v g++ >/dev/null 2>&1; then
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing Debian packages for PyICU: libicu-dev pkg-config g++"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq libicu-dev pkg-config g++ >/dev/null
+    else
+        echo "note: PyICU needs ICU's headers to build: apt-get install libicu-dev pkg-config g++" >&2
+    fi
+}
+
 ensure_venv() {
     local extras="$1"
+    local lock="$ROOT/requirements/base.txt"
+    [ "$extras" = "dev" ] && lock="$ROOT/requirements/dev.txt"
     local stamp="$VENV/.installed-$extras"
     if [ ! -x "$VENV/bin/python" ]; then
         echo "==> creating $VENV"
         "$PY" -m venv "$VENV"
     fi
-    if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-        echo "==> installing dependencies ($extras)"
+    if [ ! -f "$stamp" ] || [ "$lock" -nt "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+        echo "==> installing dependencies from ${lock#"$ROOT"/}"
+        "$VENV/bin/python" -c 'import icu' 2>/dev/null || ensure_icu
         "$VENV/bin/python" -m pip install --quiet --upgrade pip
-        if [ "$extras" = "dev" ]; then
-            "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
-        else
-            "$VENV/bin/python" -m pip install --quiet -e "$ROOT"
-        fi
+        "$VENV/bin/python" -m pip install --quiet -r "$lock"
+        "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
         touch "$stamp"
     fi
 }

@@ -2,35 +2,144 @@
 
 The defaults run the console locally on SQLite with an in-memory Celery broker, so that
 ``bin/demo`` needs no server. Tests and production set ``DATABASE_URL`` to PostgreSQL.
+
+With ``DEBUG`` off the settings refuse to load without a secret key of the deployment's
+own, and a variable that cannot be parsed is an error rather than a silent default.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 import structlog
 from csp.constants import NONE, SELF
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX,
+    SECRET_KEY_MIN_LENGTH,
+    SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+)
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _env(name: str) -> str | None:
+    """The variable's value, or None when it is unset or blank (``DEBUG=`` means unset)."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
 
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
+    # A typo such as DEBUG=ture must not quietly mean False (or True).
+    value = _env(name)
     if value is None:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ImproperlyConfigured(
+        f"{name}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off."
+    )
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number.") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name}={value!r} is below its minimum, {minimum}.")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number.") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name}={value!r} is below its minimum, {minimum}.")
+    return number
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    value = _env(name) or default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+# Django compares the proxy's header against request.META, where it is spelled HTTP_X_...;
+# a header written as "X-Forwarded-Proto" would never match, and HTTPS would go unnoticed.
+_META_HEADER = re.compile(r"^HTTP_[A-Z0-9_]+$")
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    value = _env(name)
+    if value is None:
+        return None
+    header, _, expected = (part.strip() for part in value.partition(","))
+    if not _META_HEADER.match(header) or not expected or "," in expected:
+        raise ImproperlyConfigured(
+            f'{name}={value!r} must be "HTTP_<HEADER>,<value>", '
+            'for example "HTTP_X_FORWARDED_PROTO,https".'
+        )
+    return header, expected
+
+
+# Known to anyone who can read this repository, so accepted only with DEBUG on.
+DEVELOPMENT_SECRET_KEY = "insecure-local-only-key-change-me-in-any-deployment"
+GENERATE_SECRET_KEY = (
+    "export SECRET_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+)
+
+
+def secret_key(*, debug: bool) -> str:
+    """The key behind everything Django signs: cookies, password-reset links, a
+    session's tie to its user's password.
+
+    Anyone who knows it can forge what the console trusts, so outside DEBUG a missing,
+    weak or published key stops the process before it serves anything. The weakness
+    rule is Django's own (``check --deploy``, security.W009)."""
+    key = os.environ.get("SECRET_KEY", "")
+    if debug:
+        return key or DEVELOPMENT_SECRET_KEY
+    if not key.strip():
+        problem = "is not set"
+    elif key.strip() == DEVELOPMENT_SECRET_KEY:
+        problem = "is the development default, which is public"
+    elif key.startswith(SECRET_KEY_INSECURE_PREFIX):
+        problem = f"starts with {SECRET_KEY_INSECURE_PREFIX!r}, a key generated for development"
+    elif len(key) < SECRET_KEY_MIN_LENGTH or len(set(key)) < SECRET_KEY_MIN_UNIQUE_CHARACTERS:
+        problem = (
+            f"is too weak: it needs at least {SECRET_KEY_MIN_LENGTH} characters, "
+            f"{SECRET_KEY_MIN_UNIQUE_CHARACTERS} of them different"
+        )
+    else:
+        return key
+    raise ImproperlyConfigured(
+        f"SECRET_KEY {problem}. With DEBUG off the console refuses to start without a "
+        f"secret key of its own. Generate one with:\n    {GENERATE_SECRET_KEY}\n"
+        "or, on a development machine only, set DEBUG=1."
+    )
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "insecure-local-only-key-change-me-in-any-deployment")
-ALLOWED_HOSTS = [
-    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
-]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+SECRET_KEY = secret_key(debug=DEBUG)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -43,13 +152,17 @@ INSTALLED_APPS = [
     "template_partials",
     "csp",
     "ninja",
+    "axes",
     "approvals",
     "reconciliation",
 ]
 
 MIDDLEWARE = [
     "approvals.middleware.TraceIdMiddleware",
+    "approvals.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the app itself (hashed, compressed), before sessions and the rest.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -58,6 +171,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -81,14 +196,51 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
-        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
+        # Kept between requests (a new PostgreSQL connection per request costs more than the
+        # request): one per gunicorn thread or Celery process. Not under runserver, which
+        # starts a thread per request.
+        conn_max_age=env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
+        # A persistent connection is checked before a request uses it, so the first request
+        # after the database comes back reconnects instead of failing on the dead one.
+        conn_health_checks=True,
     )
 }
+# Seconds a client is asked to wait (Retry-After) when the database is unavailable: the
+# API answers 503 database_unavailable and the console a "temporarily unavailable" page.
+DATABASE_RETRY_AFTER_SECONDS = env_int("DATABASE_RETRY_AFTER_SECONDS", 5, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's four validators. They apply where Django applies them: password forms (the
+# admin's, a password change) and createsuperuser, and ``add_member``, which calls
+# validate_password for every user it creates. ``seed_demo`` (the demo's published
+# passwords) and the tests create users with create_user, which validates nothing.
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12, minimum=8)},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Sign-in throttling (django-axes, approvals/auth.py): after AXES_FAILURE_LIMIT failed
+# sign-ins for one username from one address, that pair is locked out for the cool-off,
+# which each further failure starts again; the right password does not sign in meanwhile.
+# Attempts are rows in the database, shared by every web process.
+AUTHENTICATION_BACKENDS = [
+    "approvals.auth.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("AXES_COOLOFF_SECONDS", 15 * 60, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "approvals.auth.lockout_response"
+# The client address is REMOTE_ADDR. Behind a reverse proxy that is the proxy's address,
+# so the lockout becomes one per username (still a lockout, but anyone can then pause a
+# known username's sign-in); see the README's deployment notes.
+AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -97,7 +249,18 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(_env("STATIC_ROOT") or BASE_DIR / "staticfiles")
+# collectstatic writes hashed, compressed copies and a manifest to STATIC_ROOT, and
+# WhiteNoise serves them with far-future caching (config/staticfiles.py). Before it has run
+# (the demo, the tests, the benchmarks) names stay as they are and WhiteNoise finds the
+# files in static/ on each request.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "config.staticfiles.ConsoleStaticFilesStorage"},
+}
+_STATIC_COLLECTED = (STATIC_ROOT / "staticfiles.json").is_file()
+WHITENOISE_USE_FINDERS = DEBUG or not _STATIC_COLLECTED
+WHITENOISE_AUTOREFRESH = DEBUG or not _STATIC_COLLECTED
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/reviews/"
@@ -107,8 +270,38 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 API_MAX_BODY_BYTES = 64 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 
+# Requests per runtime key per window (fixed windows; a tenant's own limit, set in the
+# admin, wins); beyond it the API answers 429 rate_limited with Retry-After. Counted in
+# PostgreSQL, one atomic upsert per request, so the limit holds across web processes
+# (approvals/ratelimit.py says why not the cache).
+API_RATE_LIMIT = env_int("API_RATE_LIMIT", 600, minimum=1)
+API_RATE_WINDOW_SECONDS = env_int("API_RATE_WINDOW_SECONDS", 60, minimum=1)
+# Claims refused with a token the tenant never issued: audited one by one up to this many
+# per key and window; the rest are counted into one security.refusals_burst event.
+API_AUDITED_REFUSALS_PER_WINDOW = env_int("API_AUDITED_REFUSALS_PER_WINDOW", 20)
+
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
+# Secure cookies unless DEBUG: a cookie sent over plain HTTP can be read, and one set over
+# plain HTTP (or from a sibling subdomain) can be planted. Turning them off is for a
+# deployment that is reached over plain HTTP on purpose.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# A reviewer's session is a working day, not Django's two weeks.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 60 * 60, minimum=60)
+# Flash messages live in the server-side session rather than in a cookie of their own: a
+# messages cookie is only as trustworthy as SECRET_KEY, and it carries a message's
+# "safe HTML" mark, so whoever knows the key could plant markup in the page.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+# Off by default because they depend on how TLS reaches the process (a proxy in front of
+# it, or not); the README's production environment turns them on.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# A load balancer probes over plain HTTP behind the TLS proxy: no redirect for its probes.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -132,6 +325,73 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Redis (and the filesystem transport) hand an unacknowledged message to another worker
+# after this many seconds. It must be longer than any delivery takes (the adapter's
+# timeouts bound a call), or a slow delivery is redelivered while it runs; that redelivery
+# is then recorded and resolved by the contract (see reconciliation.dispatch), never a
+# blind second call.
+CELERY_VISIBILITY_TIMEOUT = env_int("CELERY_VISIBILITY_TIMEOUT", 300, minimum=1)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT
+}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir = os.environ.get("CELERY_FILESYSTEM_DIR", str(BASE_DIR / ".celery-queue"))
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        {
+            "data_folder_in": _queue_dir,
+            "data_folder_out": _queue_dir,
+            # Broadcasts (worker control) too, or kombu writes them to ./control.
+            "control_folder": os.path.join(_queue_dir, "control"),
+        }
+    )
+CELERY_BEAT_SCHEDULE = {
+    "chain-the-audit-trail": {"task": "approvals.tasks.audit_chain_extend_all", "schedule": 5.0},
+    "expire-what-the-clock-expired": {"task": "approvals.tasks.approvals_expire", "schedule": 60.0},
+    "escalate-what-nobody-took": {
+        "task": "reconciliation.tasks.operations_escalate",
+        "schedule": 60.0,
+    },
+    "sweep-the-outbox": {
+        "task": "reconciliation.tasks.commands_sweep",
+        "schedule": env_float("DISPATCH_SWEEP_EVERY_SECONDS", 15.0, minimum=0.1),
+    },
+    "report-refusal-bursts": {
+        "task": "approvals.ratelimit.usage_report_closed",
+        "schedule": float(API_RATE_WINDOW_SECONDS),
+    },
+}
+# Task modules beyond the apps' tasks.py (which autodiscovery finds).
+CELERY_IMPORTS = ["approvals.ratelimit"]
+# A console-executed command still pending this long after its last change was never
+# delivered (its announcement was lost): the sweep delivers it.
+DISPATCH_SWEEP_GRACE_SECONDS = env_int("DISPATCH_SWEEP_GRACE_SECONDS", 10)
+# Still sending this long after its call started: its worker and message were lost.
+DISPATCH_STUCK_SENDING_SECONDS = env_int(
+    "DISPATCH_STUCK_SENDING_SECONDS", 2 * CELERY_VISIBILITY_TIMEOUT
+)
+
+# The operators' queue lists a command still sending or pending this long as stuck.
+OPERATIONS_STUCK_SECONDS = env_int("OPERATIONS_STUCK_SECONDS", 120)
+# Console pages link here in escalation messages.
+CONSOLE_BASE_URL = _env("CONSOLE_BASE_URL") or "http://127.0.0.1:8000"
+
+# /metrics answers only `Authorization: Bearer <this>`; unset, the endpoint is off (404).
+METRICS_TOKEN = _env("METRICS_TOKEN") or ""
+
+# Adapters. Every HTTP call has explicit timeouts: past the read timeout the outcome is
+# unknown, never a worker waiting for ever.
+ADAPTER_CONNECT_TIMEOUT = env_float("ADAPTER_CONNECT_TIMEOUT", 3.0, minimum=0.1)
+ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
+# The defaults point at the sandbox (manage.py run_sandbox_payments) in development only:
+# a deployment names its payments API and webhook, and without a secret of its own an
+# adapter call is refused by the remote (recorded as an authentication challenge) rather
+# than signed with a value published in this file.
+PAYMENTS_URL = _env("PAYMENTS_URL") or "http://127.0.0.1:8100"
+PAYMENTS_API_KEY = _env("PAYMENTS_API_KEY") or ("sk_sandbox" if DEBUG else "")
+MESSAGES_WEBHOOK_URL = _env("MESSAGES_WEBHOOK_URL") or "http://127.0.0.1:8100/v1/messages"
+MESSAGES_WEBHOOK_SECRET = _env("MESSAGES_WEBHOOK_SECRET") or ("whsec_sandbox" if DEBUG else "")
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "DEBUG" if DEBUG else "INFO")
 
@@ -143,10 +403,23 @@ LOGGING = {
             "()": structlog.stdlib.ProcessorFormatter,
             # Aligned key=value columns for people at a terminal; one JSON object per line
             # everywhere else, which is cheaper to render and what log collectors parse.
-            "processor": structlog.dev.ConsoleRenderer(colors=False)
+            # In JSON, an exception is its formatted traceback ("exception"): Django's
+            # "Internal Server Error" lines (django.request) carry exc_info.
+            "processors": [
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ]
             if DEBUG
-            else structlog.processors.JSONRenderer(),
+            else [
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+            # Lines from the standard library's loggers (django.request among them) carry
+            # the request's trace id too, so a 500 in the log matches the X-Trace-Id the
+            # client saw.
             "foreign_pre_chain": [
+                structlog.contextvars.merge_contextvars,
                 structlog.stdlib.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso"),
             ],

@@ -1,15 +1,30 @@
 from __future__ import annotations
 
+import sys
+
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
+from django.template import loader
 from django.urls import include, path
 from django.views import defaults
 from django.views.generic import RedirectView
 
-from approvals.api import api, error_response
+from approvals.api import api, database_unavailable_response, error_response
+from config import health
+from reconciliation.api import router as execution_router
+
+# The execution endpoints belong to reconciliation, which sits above approvals: the
+# composition happens here, so that approvals never imports it.
+api.add_router("", execution_router)
 
 urlpatterns = [
+    # For load balancers and Prometheus: no login, no session (config/health.py).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path(
@@ -20,6 +35,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", RedirectView.as_view(pattern_name="approvals:inbox"), name="home"),
     path("", include("approvals.urls")),
+    path("", include("reconciliation.urls")),
 ]
 
 
@@ -30,6 +46,29 @@ def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    # Django calls this while it handles the exception, so sys.exc_info() is that exception
+    # (and logs it afterwards through django.request, with its traceback and trace id).
+    if isinstance(sys.exc_info()[1], DATABASE_UNAVAILABLE):
+        return handler503(request)
     if request.path.startswith("/api/"):
         return error_response("server_error", "The console hit an unexpected error.", 500)
     return defaults.server_error(request)
+
+
+# What a lost or refused database connection raises. Every change is one transaction, so
+# the database rolled back whatever the request had begun: nothing is half-written.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+def handler503(request: HttpRequest) -> HttpResponse:
+    """The database is unavailable: ``503 database_unavailable`` with ``Retry-After`` on
+    the API, a plain page in the console. Rendered without the request's context (no
+    session, no user, no tenant), so nothing here touches the database."""
+    if request.path.startswith("/api/"):
+        return database_unavailable_response()
+    body = loader.get_template("503.html").render(
+        {"retry_after": settings.DATABASE_RETRY_AFTER_SECONDS}
+    )
+    response = HttpResponse(body, status=503)
+    response["Retry-After"] = str(settings.DATABASE_RETRY_AFTER_SECONDS)
+    return response

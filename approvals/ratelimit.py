@@ -1,0 +1,221 @@
+"""Rate limits and refusal accounting per runtime key.
+
+Every API request a runtime key makes is counted in a fixed window of
+``API_RATE_WINDOW_SECONDS`` (60 s) by one atomic upsert of the key's counter row
+(``RuntimeKeyUsage``: ``INSERT … ON CONFLICT DO UPDATE … RETURNING``). Beyond the tenant's
+limit (``Tenant.api_rate_limit``, else ``API_RATE_LIMIT``) the API answers ``429
+rate_limited`` with ``Retry-After`` until the window ends, and writes nothing else.
+
+Why a row in the database rather than Django's cache: the counter has to be one counter for
+every web process. ``LocMemCache`` is per process (four gunicorn workers would allow four
+times the limit), ``DatabaseCache.incr`` is a read and a write (concurrent requests lose
+counts), and a Redis cache would make Redis a requirement of the web tier, which otherwise
+needs only PostgreSQL. The upsert is atomic across processes on PostgreSQL (and on SQLite,
+which has one writer), costs one statement per request, and leaves at most a few rows per
+active key: a window's row is deleted when it is reported.
+
+Refused claims with a token the tenant never issued (``unknown_token``) are counted in the
+same row. The first ``API_AUDITED_REFUSALS_PER_WINDOW`` (20) per key and window are audited
+one by one, as before; the rest are only counted. When a window has ended, its row is
+deleted and, if it held anything not audited one by one (requests answered 429, unknown
+tokens beyond the first 20), ONE ``security.refusals_burst`` audit event reports the counts.
+That happens at the key's first request in a later window, or in the Celery beat task
+``usage_report_closed`` (once a window) for a key that went quiet. The DELETE … RETURNING
+and the audit event share a transaction, so a window is reported exactly once.
+
+Refusals that name a real approval (``replayed``, ``scope_mismatch``, ``expired``,
+``revoked``) and duplicate deliveries are never budgeted: they are the evidence that tells a
+replay from a redelivery, and a runtime could otherwise spend the budget on bogus tokens to
+hide a replay. The rate limit bounds them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from celery import shared_task
+from django.conf import settings
+from django.db import connection, transaction
+
+from approvals.models import RuntimeKey, RuntimeKeyUsage
+
+BURST_EVENT = "security.refusals_burst"
+
+
+def now() -> float:
+    """The clock windows are cut from (Unix seconds). Tests replace it."""
+    return time.time()
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int
+    seconds: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.seconds
+
+    def retry_after(self, at: float) -> int:
+        """Whole seconds until the window ends, at least 1."""
+        return max(1, math.ceil(self.end - at))
+
+
+def current_window(at: float | None = None) -> Window:
+    seconds = int(settings.API_RATE_WINDOW_SECONDS)
+    moment = now() if at is None else at
+    return Window(start=int(moment // seconds) * seconds, seconds=seconds)
+
+
+def request_limit(key: RuntimeKey) -> int:
+    """Requests per window for this key: its tenant's limit, or the setting's."""
+    limit = key.tenant.api_rate_limit
+    return int(limit if limit else settings.API_RATE_LIMIT)
+
+
+def audited_refusals_per_window() -> int:
+    return int(settings.API_AUDITED_REFUSALS_PER_WINDOW)
+
+
+# --- the counters -------------------------------------------------------------------------
+
+_UPSERT = """
+    INSERT INTO {usage} AS u (runtime_key_id, window_start, window_seconds, request_limit,
+                              requests, unknown_token_refusals)
+    VALUES (%s, %s, %s, %s, %s, %s)
+    ON CONFLICT (runtime_key_id, window_start) DO UPDATE
+       SET requests = u.requests + EXCLUDED.requests,
+           unknown_token_refusals = u.unknown_token_refusals + EXCLUDED.unknown_token_refusals,
+           request_limit = EXCLUDED.request_limit
+    RETURNING requests, unknown_token_refusals
+"""
+
+
+def _upsert(key: RuntimeKey, window: Window, *, requests: int, refusals: int) -> tuple[int, int]:
+    sql = _UPSERT.format(usage=RuntimeKeyUsage._meta.db_table)
+    params = (key.pk, window.start, window.seconds, request_limit(key), requests, refusals)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return int(row[0]), int(row[1])
+
+
+class Admission(NamedTuple):
+    allowed: bool
+    requests: int
+    limit: int
+    retry_after: int
+
+
+def request_admit(key: RuntimeKey) -> Admission:
+    """Count one request of the key in the current window; say whether it is within the
+    limit. The first request of a window also reports the key's ended windows."""
+    at = now()
+    window = current_window(at)
+    requests, _ = _upsert(key, window, requests=1, refusals=0)
+    if requests == 1:
+        usage_report_closed_windows(runtime_key_id=key.pk, at=at)
+    limit = request_limit(key)
+    return Admission(requests <= limit, requests, limit, window.retry_after(at))
+
+
+def unknown_token_refusal_counted(key: RuntimeKey) -> bool:
+    """Count a refused claim with a token the tenant never issued; True if it is among the
+    first ``API_AUDITED_REFUSALS_PER_WINDOW`` of the key's window and so is audited one by
+    one, False if only the window's burst event will count it."""
+    _, refusals = _upsert(key, current_window(), requests=0, refusals=1)
+    return refusals <= audited_refusals_per_window()
+
+
+# --- reporting ended windows ----------------------------------------------------------------
+
+_TAKE_ENDED = """
+    DELETE FROM {usage}
+     WHERE window_start + window_seconds <= %s {only_key}
+ RETURNING runtime_key_id, window_start, window_seconds, request_limit, requests,
+           unknown_token_refusals
+"""
+
+
+class _Ended(NamedTuple):
+    runtime_key_id: int
+    window_start: int
+    window_seconds: int
+    request_limit: int
+    requests: int
+    unknown_token_refusals: int
+
+
+def _iso(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat()
+
+
+def usage_report_closed_windows(
+    *, runtime_key_id: int | None = None, at: float | None = None
+) -> int:
+    """Delete the counter rows of windows that have ended (of one key, or of all) and write
+    one ``security.refusals_burst`` event for each that held refusals not audited one by
+    one. Returns how many events were written. Of two processes reporting the same window,
+    the DELETE lets exactly one have its row."""
+    from approvals import services  # services counts refusals through this module
+
+    moment = now() if at is None else at
+    sql = _TAKE_ENDED.format(
+        usage=RuntimeKeyUsage._meta.db_table,
+        only_key="AND runtime_key_id = %s" if runtime_key_id is not None else "",
+    )
+    params: list[Any] = [int(moment)]
+    if runtime_key_id is not None:
+        params.append(runtime_key_id)
+    audited = audited_refusals_per_window()
+    written = 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            ended = [_Ended(*row) for row in cursor.fetchall()]
+        bursts = [
+            e for e in ended if e.requests > e.request_limit or e.unknown_token_refusals > audited
+        ]
+        if not bursts:
+            return 0
+        keys = RuntimeKey.objects.in_bulk({e.runtime_key_id for e in bursts})
+        for e in sorted(bursts, key=lambda e: (e.runtime_key_id, e.window_start)):
+            key = keys.get(e.runtime_key_id)
+            if key is None:  # deleted since; its rows went with it (CASCADE)
+                continue
+            throttled = max(0, e.requests - e.request_limit)
+            recorded = min(e.unknown_token_refusals, audited)
+            unrecorded = e.unknown_token_refusals - recorded
+            services.audit_record(
+                kind=BURST_EVENT,
+                tenant=key.tenant_id,
+                actor=key.actor,
+                reason_code="refusals_burst",
+                data={
+                    "count": throttled + unrecorded,
+                    "window_start": _iso(e.window_start),
+                    "window_end": _iso(e.window_start + e.window_seconds),
+                    "window_seconds": e.window_seconds,
+                    "key_id": key.pk,
+                    "key": key.name,
+                    "requests": e.requests,
+                    "request_limit": e.request_limit,
+                    "rate_limited": throttled,
+                    "unknown_token_refusals": e.unknown_token_refusals,
+                    "unknown_token_refusals_recorded": recorded,
+                    "unknown_token_refusals_unrecorded": unrecorded,
+                },
+            )
+            written += 1
+    return written
+
+
+@shared_task(ignore_result=True)
+def usage_report_closed() -> int:
+    """Report every key's ended windows (Celery beat, once a window), so that the burst of a
+    key that went quiet is in the audit trail within a minute of its window's end."""
+    return usage_report_closed_windows()
