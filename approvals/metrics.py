@@ -1,0 +1,195 @@
+"""Prometheus metrics: what the console decided, and what is waiting.
+
+Counters and histograms are incremented where things happen, each by one line (the API's
+``propose`` and ``claim``, dispatch's ``_start``); the review decision is observed from
+its audit event once the decision's transaction has committed. What is *waiting*
+(pending reviews, effects by state) is read from the database when Prometheus scrapes,
+one cheap query each, so it is right after a restart and the same on every instance.
+
+Under gunicorn (several worker processes) and Celery (prefork) every process keeps its
+own values; with ``PROMETHEUS_MULTIPROC_DIR`` set (``bin/serve`` and
+``config/gunicorn.conf.py`` set it) they go to files in that directory, and a scrape of
+any process on the host adds them up. The variable must be set before this module is
+imported, and the directory emptied whenever the whole set of processes starts.
+
+This app never imports ``reconciliation``; reconciliation reports dispatch latency here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, transaction
+from django.db.models import Count
+from django.db.models.signals import post_save
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from approvals.models import EFFECT_NOT_SENT, AuditEvent, Command, Occurrence
+
+if TYPE_CHECKING:
+    from approvals.services import ClaimResult
+
+# This process's own metrics. In multiprocess mode their values live in files instead,
+# and a scrape reads the files (``exposition``).
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+CLAIMS = Counter(
+    "console_claims",
+    "Claims presented through the API, by decision and reason.",
+    ["decision", "reason"],
+    registry=REGISTRY,
+)
+PROPOSALS = Counter(
+    "console_proposals",
+    "Proposals received through the API, by tool and the occurrence's status "
+    "(pending_review, auto_admitted; repeated for a client_ref seen before).",
+    ["tool", "status"],
+    registry=REGISTRY,
+)
+REVIEW_DECISION_SECONDS = Histogram(
+    "console_review_decision_seconds",
+    "Time from a proposal to the reviewers' decision (approved: the approval issued).",
+    ["decision"],
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400),
+    registry=REGISTRY,
+)
+DISPATCH_LATENCY_SECONDS = Histogram(
+    "console_dispatch_latency_seconds",
+    "Time from the claim that created a command to the start of its first adapter call.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+    registry=REGISTRY,
+)
+
+REPEATED = "repeated"
+
+
+def proposal_received(occurrence: Occurrence, created: bool) -> None:
+    PROPOSALS.labels(occurrence.tool.name, occurrence.status if created else REPEATED).inc()
+
+
+def claim_decided(result: ClaimResult) -> None:
+    CLAIMS.labels(result.decision, result.reason).inc()
+
+
+def dispatch_started(command: Command, number: int, started_at: datetime) -> None:
+    """An adapter call is about to start; the first one of a command is what a claim waited
+    for (later ones wait for a retry's backoff or a redelivery, not for dispatch)."""
+    if number == 1:
+        seconds = (started_at - command.created_at).total_seconds()
+        DISPATCH_LATENCY_SECONDS.observe(max(seconds, 0.0))
+
+
+# --- the review decision, from its audit event -------------------------------------------
+
+_DECISIONS = {"approval.issued": "approved", "occurrence.rejected": "rejected"}
+
+
+def _observe_decision(occurrence_id: Any, decision: str) -> None:
+    times = (
+        Occurrence.objects.filter(pk=occurrence_id, decided_at__isnull=False)
+        .values_list("created_at", "decided_at")
+        .first()
+    )
+    if times is not None:
+        created_at, decided_at = times
+        assert decided_at is not None  # filtered above
+        seconds = (decided_at - created_at).total_seconds()
+        REVIEW_DECISION_SECONDS.labels(decision).observe(max(seconds, 0.0))
+
+
+def _audit_event_saved(
+    sender: type[AuditEvent], instance: AuditEvent, created: bool, **kwargs: Any
+) -> None:
+    decision = _DECISIONS.get(instance.kind)
+    if decision is None or not created or kwargs.get("raw") or instance.occurrence_id is None:
+        return
+    # Only a decision that committed counts; the read happens after the commit too.
+    transaction.on_commit(
+        functools.partial(_observe_decision, instance.occurrence_id, decision),
+        robust=True,
+    )
+
+
+post_save.connect(
+    _audit_event_saved, sender=AuditEvent, weak=False, dispatch_uid="approvals.metrics.decision"
+)
+
+
+# --- what is waiting, read at scrape time --------------------------------------------------
+
+
+class WaitingCollector:
+    """Pending reviews and effects by state: one query each, at scrape time."""
+
+    def describe(self) -> Iterable[Metric]:
+        # Registering a collector calls describe(); without it, it would call collect(),
+        # which queries the database, at import time.
+        return [
+            GaugeMetricFamily("console_pending_reviews", ""),
+            GaugeMetricFamily("console_effects", "", labels=["state"]),
+            GaugeMetricFamily("console_metrics_database_up", ""),
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "console_metrics_database_up",
+            "1 when this scrape could read the database gauges below, 0 when it could not.",
+        )
+        try:
+            pending = Occurrence.objects.filter(status=Occurrence.Status.PENDING_REVIEW).count()
+            by_state = dict(
+                Command.objects.order_by()
+                .values_list("state")
+                .annotate(n=Count("pk"))
+                .values_list("state", "n")
+            )
+        except DatabaseError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        reviews = GaugeMetricFamily(
+            "console_pending_reviews", "Occurrences waiting for a reviewer's decision."
+        )
+        reviews.add_metric([], pending)
+        yield reviews
+        effects = GaugeMetricFamily(
+            "console_effects",
+            "Commands by effect state (not_sent is the outbox).",
+            labels=["state"],
+        )
+        for state in Command.State.values:
+            label = EFFECT_NOT_SENT if state == Command.State.PENDING else state
+            effects.add_metric([label], by_state.get(state, 0))
+        yield effects
+
+
+_WAITING = WaitingCollector()
+REGISTRY.register(_WAITING)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text Prometheus scrapes, and its content type."""
+    if multiprocess_dir() is None:
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    registry.register(_WAITING)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
