@@ -33,11 +33,12 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(RuntimeKey)
 class RuntimeKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "prefix", "is_active", "created_at"]
+    list_display = ["name", "tenant", "prefix", "is_active", "last_used_at", "created_at"]
     list_filter = ["is_active", "tenant"]
-    # Keys are created with `manage.py create_runtime_key`, which shows the raw key once.
-    readonly_fields = ["tenant", "key_hash", "prefix", "created_at"]
-    fields = ["tenant", "name", "prefix", "is_active", "key_hash", "created_at"]
+    # Keys are created with `manage.py create_runtime_key` or on the console's runtime keys
+    # page (/operations/keys/), which show the raw key once.
+    readonly_fields = ["tenant", "key_hash", "prefix", "created_at", "last_used_at"]
+    fields = ["tenant", "name", "prefix", "is_active", "key_hash", "created_at", "last_used_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -129,9 +130,13 @@ class EpochAdmin(EvidenceAdmin):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: no add, no change, no delete, and no actions at all (so no bulk
+    "delete selected" either). The database refuses UPDATE and DELETE too (a trigger)."""
+
     list_display = ["id", "kind", "tenant", "decision", "reason_code", "actor", "source_time"]
     list_filter = ["kind", "decision", "tenant"]
     search_fields = ["event_id", "execution_id", "token_fingerprint", "trace_id"]
+    actions = None
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

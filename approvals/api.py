@@ -9,14 +9,18 @@ that is refused (``details`` names each field). Bodies are parsed strictly (see
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-from collections.abc import Callable, Iterator
-from datetime import datetime
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
+import structlog
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import (
     Http404,
     HttpRequest,
@@ -26,17 +30,19 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.urls import URLPattern, URLResolver
+from django.utils.cache import add_never_cache_headers
 from django.utils.decorators import method_decorator
 from django.views.decorators.debug import sensitive_variables
 from ninja import Field, NinjaAPI, Query, Schema, Status
-from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
+from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, StrictStr
 
-from approvals import selectors, services
+from approvals import metrics, presenters, ratelimit, selectors, services, tokens
 from approvals.canonical import InputError, parse_json
-from approvals.models import AuditEvent, Occurrence, RuntimeKey
+from approvals.models import Command, Occurrence, RuntimeKey, ToolContract
 
 # --- parsing and errors -----------------------------------------------------------------
 
@@ -60,14 +66,23 @@ _STATUS_FOR_CODE = {
 }
 
 
+def error_body(
+    code: str, message: str, details: list[dict[str, Any]] | dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The error envelope: ``details`` is always there (null when there is nothing more)."""
+    return {"error": {"code": code, "message": message, "details": details or None}}
+
+
 def error_response(
-    code: str, message: str, status: int, details: list[dict[str, Any]] | None = None
+    code: str,
+    message: str,
+    status: int,
+    details: list[dict[str, Any]] | dict[str, Any] | None = None,
 ) -> HttpResponse:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if details:
-        error["details"] = details
     return HttpResponse(
-        json.dumps({"error": error}), status=status, content_type="application/json"
+        json.dumps(error_body(code, message, details)),
+        status=status,
+        content_type="application/json",
     )
 
 
@@ -75,6 +90,32 @@ class RuntimeKeyAuth(HttpBearer):
     @method_decorator(sensitive_variables("token"))
     def authenticate(self, request: HttpRequest, token: str) -> RuntimeKey | None:
         return services.runtime_key_authenticate(token)
+
+
+class RuntimeKeyThrottle(BaseThrottle):
+    """Requests per runtime key per window (``approvals.ratelimit``), run by ninja after
+    authentication on every operation. ninja asks ``allow_request`` and then ``wait`` of
+    one shared instance, so what the answer needs is kept per thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        key = getattr(request, "auth", None)
+        if not isinstance(key, RuntimeKey):
+            return True
+        admission = ratelimit.request_admit(key)
+        self._local.wait = admission.retry_after
+        self._local.limit = admission.limit
+        return admission.allowed
+
+    def wait(self) -> float | None:
+        wait: int | None = getattr(self._local, "wait", None)
+        return wait
+
+    def limit(self) -> int | None:
+        limit: int | None = getattr(self._local, "limit", None)
+        return limit
 
 
 def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -103,12 +144,17 @@ class AgentAPI(NinjaAPI):
         return urls
 
 
+_log = structlog.get_logger("approvals.api")
+_throttle = RuntimeKeyThrottle()
+
 api = AgentAPI(
     title="Approval console agent API",
     version="1",
     urls_namespace="api-v1",
     parser=StrictJSONParser(),
     auth=RuntimeKeyAuth(),
+    # Every operation, after authentication: requests per runtime key per window.
+    throttle=_throttle,
     openapi_url="/openapi.json",
     docs_url="/docs",
 )
@@ -123,7 +169,14 @@ def _input_error(request: HttpRequest, exc: InputError) -> HttpResponse:
 
 @api.exception_handler(services.ServiceError)
 def _service_error(request: HttpRequest, exc: services.ServiceError) -> HttpResponse:
-    return error_response(exc.code, exc.message, exc.status)
+    response = error_response(exc.code, exc.message, exc.status, exc.details)
+    if exc.code in _RETRY_AFTER_SECONDS:
+        response["Retry-After"] = str(_RETRY_AFTER_SECONDS[exc.code])
+    return response
+
+
+# Refusals that waiting may lift (a review still to come): seconds before asking again.
+_RETRY_AFTER_SECONDS = {"not_approved": 5}
 
 
 @api.exception_handler(HttpError)
@@ -147,6 +200,42 @@ def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResp
     )
     response["WWW-Authenticate"] = 'Bearer realm="agent-api"'
     return response
+
+
+@api.exception_handler(Throttled)
+def _rate_limited(request: HttpRequest, exc: Throttled) -> HttpResponse:
+    retry_after = int(exc.wait or 1)
+    limit = _throttle.limit()
+    window = settings.API_RATE_WINDOW_SECONDS
+    response = error_response(
+        "rate_limited",
+        f"This runtime key made more than {limit} requests in {window} seconds; "
+        f"retry after {retry_after} seconds.",
+        429,
+    )
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
+def database_unavailable_response() -> HttpResponse:
+    """``503 database_unavailable`` with ``Retry-After``: nothing was written (every change
+    is one transaction, which the database rolls back when it goes away)."""
+    response = error_response(
+        "database_unavailable",
+        "The console's database is unavailable; nothing was changed. Retry later.",
+        503,
+    )
+    response["Retry-After"] = str(settings.DATABASE_RETRY_AFTER_SECONDS)
+    return response
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    # Logged with its traceback and the request's trace id (bound by TraceIdMiddleware),
+    # as Django logs the errors it handles itself.
+    _log.error("database_unavailable", path=request.path, exc_info=exc)
+    return database_unavailable_response()
 
 
 @api.exception_handler(Http404)
@@ -195,7 +284,8 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
     return error_response(first["code"], message, 422, details)
 
 
-def _key(request: HttpRequest) -> RuntimeKey:
+def runtime_key_of(request: HttpRequest) -> RuntimeKey:
+    """The runtime key that authenticated the request."""
     key: RuntimeKey = request.auth  # type: ignore[attr-defined]
     return key
 
@@ -220,12 +310,37 @@ class ProposalOut(Schema):
     version: int
     action_digest: str
     canonical_action: str
+    arguments: dict[str, Any] = Field(
+        ..., description="The arguments of `canonical_action`, parsed: what a review covers."
+    )
+    edited_by: str | None = Field(
+        ...,
+        description="The reviewer who wrote this version (a change of the arguments), or "
+        "null: the runtime's own proposal, or a renewal (the same action again).",
+    )
+
+
+class PriorDecisionOut(Schema):
+    occurrence_id: str
+    decision: Literal["rejected"]
+    reason: str
+    decided_at: datetime | None
+    decided_by: str = Field(..., description="The reviewer, or `policy` (a repeat rejected).")
 
 
 class ProposeOut(Schema):
     occurrence_id: str
     status: str
     proposal: ProposalOut
+    rejection_reason: str = Field(
+        ..., description="Why it was rejected (a repeat rejected by policy); empty otherwise."
+    )
+    prior_decisions: list[PriorDecisionOut] = Field(
+        ...,
+        description="Earlier occurrences of the same run with the same action (digest) that "
+        "were rejected, with their reasons, newest first: a model retrying a rejected call "
+        "should be told, not proposed again.",
+    )
 
 
 class ApprovalOut(Schema):
@@ -241,7 +356,19 @@ class ApprovalOut(Schema):
 class CommandOut(Schema):
     id: str
     idempotency_key: str
-    state: str
+    state: str = Field(
+        ..., description="The command's effect; `pending` means not sent (`effect_state`)."
+    )
+    effect_state: Literal[
+        "not_sent",
+        "sending",
+        "committed",
+        "rejected",
+        "outcome_unknown",
+        "reconciled",
+        "compensated",
+    ]
+    executed_by: Literal["console", "runtime"]
     execution_id: str
 
 
@@ -265,6 +392,9 @@ class OccurrenceOut(Schema):
     created_at: datetime
     proposal: ProposalOut
     approval: ApprovalOut | None
+    command: CommandOut | None = Field(
+        ..., description="The latest command (the last of `commands`), with its effect."
+    )
     commands: list[CommandOut]
     epochs: list[EpochOut]
 
@@ -291,26 +421,72 @@ class ClaimOut(Schema):
     decision: Literal["approved", "duplicate_delivery"]
     command_id: str
     idempotency_key: str
-
-
-class ClaimRefusedOut(Schema):
-    decision: Literal["replayed", "scope_mismatch", "expired", "revoked", "unknown_token"]
-    reason: str
+    executed_by: Literal["console", "runtime"] = Field(
+        ...,
+        description="`console`: the console delivers the command to its adapter. `runtime`: "
+        "call the tool yourself with `idempotency_key` and report the outcome with "
+        "`POST /api/v1/commands/{command_id}/effect`.",
+    )
 
 
 class ErrorBody(Schema):
     code: str
     message: str
-    details: list[dict[str, Any]] | None = None
+    details: list[dict[str, Any]] | dict[str, Any] | None = Field(
+        ...,
+        description="A list of `{field, code, message}` for a refused request body or query; "
+        "an object with the refusal's facts for a refused state change (a rejection's "
+        "`reason`); null when there is nothing more.",
+    )
 
 
 class ErrorOut(Schema):
     error: ErrorBody
 
 
+class ClaimRefusedOut(Schema):
+    decision: Literal["replayed", "scope_mismatch", "expired", "revoked", "unknown_token"]
+    reason: str
+    error: ErrorBody = Field(
+        ..., description="The same refusal in the API's error envelope (`code` = `decision`)."
+    )
+
+
 class AuditQuery(Schema):
-    after: int = Field(0, ge=0, le=2**63 - 1)
+    after: int = Field(
+        0, ge=0, le=2**63 - 1, description="A cursor: the `cursor` of the last event read."
+    )
     limit: int | None = Field(None, ge=1, le=10_000)
+    kind: str | None = Field(
+        None,
+        min_length=1,
+        max_length=65,
+        pattern=r"^[A-Za-z0-9_.:-]+\*?$",
+        description="An event kind (`claim.approved`), or a prefix ending in `*` (`claim.*`).",
+    )
+    occurrence: uuid.UUID | None = Field(None, description="Only this occurrence's events.")
+    fingerprint: str | None = Field(
+        None, min_length=1, max_length=16, description="Only events of this token fingerprint."
+    )
+    execution: str | None = Field(
+        None, min_length=1, max_length=200, description="Only events of this execution id."
+    )
+    since: datetime | None = Field(
+        None, description="Only events whose source time is at or after this (ISO 8601)."
+    )
+
+
+class AuditCursorOut(Schema):
+    cursor: int
+
+
+class AuditIngestOut(Schema):
+    received: int = Field(..., description="Lines in the batch.")
+    new: int = Field(..., description="Producer events stored now.")
+    duplicates: int = Field(
+        ..., description="Lines whose producer event id was stored before: not stored again."
+    )
+    ingestion_id: int
 
 
 # --- endpoints ---------------------------------------------------------------------------
@@ -322,17 +498,50 @@ def _proposal_out(occurrence: Occurrence) -> dict[str, Any]:
         "version": proposal.version,
         "action_digest": proposal.action_digest,
         "canonical_action": proposal.canonical_action,
+        "arguments": proposal.arguments,
+        "edited_by": proposal.edited_by.get_username() if proposal.edited_by else None,
     }
+
+
+def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
+    """Rejected occurrences of the run with the action the runtime proposed (version 1)."""
+    proposed = min(occurrence.proposals.all(), key=lambda p: p.version)
+    return [
+        {
+            "occurrence_id": str(prior.occurrence_id),
+            "decision": prior.decision,
+            "reason": prior.reason,
+            "decided_at": prior.decided_at,
+            "decided_by": prior.decided_by,
+        }
+        for prior in selectors.prior_rejections(
+            tenant=occurrence.tenant_id,
+            run_id=occurrence.run_id,
+            action_digest=proposed.action_digest,
+            exclude=occurrence.pk,
+        )
+    ]
+
+
+# Statuses every operation may answer besides its own: the key, and the body's envelope.
+_AUTH_ERRORS: dict[int, type[Schema]] = {401: ErrorOut}
+_BODY_ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}
 
 
 @api.post(
     "/occurrences",
     response={200: ProposeOut, 201: ProposeOut, 409: ErrorOut, 422: ErrorOut},
     summary="Propose a tool call for review",
+    description="Idempotent per `(run_id, client_ref)`: the same run sending the same "
+    "`client_ref` with the same action gets the same occurrence (200); with another action, "
+    "409 `client_ref_conflict`. Another run may reuse a `client_ref`. The answer lists the "
+    "run's earlier rejections of the same action (`prior_decisions`); a contract with "
+    "`reject_repeats` rejects such a repeat at once (status `rejected`, the original reason "
+    "in `rejection_reason`).",
 )
 def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
     occurrence, created = services.occurrence_propose(
-        runtime_key=_key(request),
+        runtime_key=runtime_key_of(request),
         tool=payload.tool,
         arguments=payload.arguments,
         run_id=payload.run_id,
@@ -341,27 +550,41 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
         client_ref=payload.client_ref or "",
     )
     occurrence = selectors.occurrence_detail_queryset().get(pk=occurrence.pk)
+    metrics.proposal_received(occurrence, created)
     body = {
         "occurrence_id": str(occurrence.pk),
         "status": occurrence.status,
         "proposal": _proposal_out(occurrence),
+        "rejection_reason": occurrence.rejection_reason,
+        "prior_decisions": _prior_decisions_out(occurrence),
     }
     return Status(201 if created else 200, body)
 
 
 def _get_occurrence(request: HttpRequest, occurrence_id: str) -> Occurrence:
     occurrence = selectors.occurrence_get_for_tenant(
-        tenant=_key(request).tenant, occurrence_id=occurrence_id
+        tenant=runtime_key_of(request).tenant, occurrence_id=occurrence_id
     )
     if occurrence is None:
         raise Http404
     return occurrence
 
 
-@api.get("/occurrences/{occurrence_id}", response={200: OccurrenceOut, 404: ErrorOut})
-def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
-    occurrence = _get_occurrence(request, occurrence_id)
+def _command_out(command: Command) -> dict[str, Any]:
+    return {
+        "id": str(command.id),
+        "idempotency_key": command.idempotency_key,
+        "state": command.state,
+        "effect_state": command.effect_state,
+        "executed_by": command.executed_by,
+        "execution_id": command.execution_id,
+    }
+
+
+def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
+    """An occurrence read with ``selectors.occurrence_detail_queryset``, as the API shows it."""
     approval = selectors.current_approval(occurrence)
+    commands = [_command_out(c) for c in occurrence.commands.all()]
     return {
         "occurrence_id": str(occurrence.pk),
         "status": occurrence.status,
@@ -385,15 +608,8 @@ def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any
             "consumed_by_execution": approval.consumed_by_execution or None,
             "consumed_at": approval.consumed_at,
         },
-        "commands": [
-            {
-                "id": str(c.id),
-                "idempotency_key": c.idempotency_key,
-                "state": c.state,
-                "execution_id": c.execution_id,
-            }
-            for c in occurrence.commands.all()
-        ],
+        "command": commands[-1] if commands else None,
+        "commands": commands,
         "epochs": [
             {
                 "number": e.number,
@@ -406,13 +622,75 @@ def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any
     }
 
 
-@api.post(
-    "/occurrences/{occurrence_id}/token", response={200: TokenOut, 404: ErrorOut, 409: ErrorOut}
+@api.get(
+    "/occurrences/{occurrence_id}",
+    response={200: OccurrenceOut, **_AUTH_ERRORS, 404: ErrorOut},
+    summary="An occurrence: what was proposed, approved, claimed and executed",
+    description="The current proposal (canonical action, parsed arguments, digest, version, "
+    "who edited it), the approval's state, the latest command with its effect, every "
+    "command and epoch: enough for a runtime to compare before picking up a token and to "
+    "resume after a crash.",
 )
-def token_pickup(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
-    """Hand out the approval's token once. Later calls get 409 token_already_delivered."""
+def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
+    return _occurrence_out(_get_occurrence(request, occurrence_id))
+
+
+class LookupQuery(Schema):
+    run_id: str = Field(..., min_length=1, max_length=200)
+    client_ref: str = Field(..., min_length=1, max_length=200)
+
+
+@api.get(
+    "/occurrences",
+    response={200: OccurrenceOut, **_AUTH_ERRORS, 404: ErrorOut, 422: ErrorOut},
+    summary="Find the occurrence a run proposed with a client_ref, creating nothing",
+    description="What a runtime asks after a restart: the occurrence of this run and "
+    "`client_ref` (the same body as `GET /api/v1/occurrences/{occurrence_id}`), or 404.",
+)
+def occurrence_lookup(request: HttpRequest, query: Query[LookupQuery]) -> dict[str, Any]:
+    occurrence = selectors.occurrence_lookup(
+        tenant=runtime_key_of(request).tenant, run_id=query.run_id, client_ref=query.client_ref
+    )
+    if occurrence is None:
+        raise Http404
+    return _occurrence_out(occurrence)
+
+
+@api.post(
+    "/occurrences/{occurrence_id}/renew",
+    response={200: OccurrenceOut, **_AUTH_ERRORS, 404: ErrorOut, 409: ErrorOut},
+    summary="Send an expired, unclaimed approval back to review",
+    description="For a run that paused past its approval's expiry. The expired approval "
+    "stays expired (on record, bound to its version); the occurrence gets a new proposal "
+    "version with the same action and digest (`edited_by` null) and is `pending_review` "
+    "again: a fresh review, whose votes are new. Audited as `occurrence.renewed`. Anything "
+    "else is 409: `pending_review`, `not_expired`, `claimed`, `rejected` (with "
+    "`details.reason`), `revoked`, `auto_admitted`.",
+)
+def occurrence_renew(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
+    key = runtime_key_of(request)
     occurrence = _get_occurrence(request, occurrence_id)
-    delivered = services.approval_deliver_token(occurrence=occurrence)
+    services.occurrence_renew(occurrence=occurrence, actor=f"runtime:{key.name}")
+    return _occurrence_out(_get_occurrence(request, occurrence_id))
+
+
+@api.post(
+    "/occurrences/{occurrence_id}/token",
+    response={200: TokenOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+)
+def token_pickup(
+    request: HttpRequest, occurrence_id: str, response: HttpResponse
+) -> dict[str, Any]:
+    """Hand out the approval's token once. Later calls get 409 token_already_delivered.
+    Only the key that proposed the request (or one of its runtime group) may: another key
+    of the tenant gets 403 other_runtime_key."""
+    occurrence = _get_occurrence(request, occurrence_id)
+    delivered = services.approval_deliver_token(
+        occurrence=occurrence, runtime_key=runtime_key_of(request)
+    )
+    # The one answer that carries a raw token: no cache, proxy or browser may keep it
+    # (NoStoreMiddleware says the same of every API answer; this one does not rely on it).
+    add_never_cache_headers(response)
     return {
         "token": delivered.token,
         "fingerprint": delivered.approval.fingerprint,
@@ -423,13 +701,15 @@ def token_pickup(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
 @api.post("/claims", response={200: ClaimOut, 403: ClaimRefusedOut, 422: ErrorOut})
 def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
     result = services.approval_claim(
-        tenant=_key(request).tenant,
+        tenant=runtime_key_of(request).tenant,
         token=payload.token,
         tool=payload.action.tool,
         arguments=payload.action.arguments,
         execution_id=payload.execution_id,
         message_id=payload.message_id or "",
+        runtime_key=runtime_key_of(request),
     )
+    metrics.claim_decided(result)
     if result.command is not None:
         return Status(
             200,
@@ -437,41 +717,397 @@ def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
                 "decision": result.decision,
                 "command_id": str(result.command.id),
                 "idempotency_key": result.command.idempotency_key,
+                "executed_by": result.command.executed_by,
             },
         )
-    return Status(403, {"decision": result.decision, "reason": result.reason})
+    return Status(403, claim_refused_body(result.decision, result.reason))
 
 
-def _audit_line(event: AuditEvent) -> str:
-    return (
-        json.dumps(
-            {
-                "cursor": event.id,
-                "event_id": str(event.event_id),
-                "kind": event.kind,
-                "occurrence_id": str(event.occurrence_id) if event.occurrence_id else None,
-                "actor": event.actor,
-                "token_fingerprint": event.token_fingerprint or None,
-                "decision": event.decision or None,
-                "reason_code": event.reason_code or None,
-                "execution_id": event.execution_id or None,
-                "message_id": event.message_id or None,
-                "command_id": str(event.command_id) if event.command_id else None,
-                "trace_id": event.trace_id or None,
-                "source_time": event.source_time.isoformat(),
-                "ingested_at": event.ingested_at.isoformat(),
-                "data": event.data,
-            },
-            sort_keys=True,
-        )
-        + "\n"
+_CLAIM_REFUSALS = {
+    "replayed": "Another execution already claimed this approval.",
+    "scope_mismatch": "The presented action is not one this approval covers.",
+    "expired": "The approval expired before it was claimed.",
+    "revoked": "An admin revoked this approval.",
+    "unknown_token": "There is no such token for this runtime key's tenant.",
+}
+
+
+def claim_refused_body(decision: str, reason: str) -> dict[str, Any]:
+    """A claim refusal: ``decision`` and ``reason`` at the top, as clients have read them
+    from the start, and the same refusal in the error envelope beside them."""
+    message = _CLAIM_REFUSALS.get(decision, "The claim was refused.")
+    return {
+        "decision": decision,
+        "reason": reason,
+        **error_body(decision, f"{message} ({reason})", {"reason": reason}),
+    }
+
+
+# --- tool contracts ----------------------------------------------------------------------
+
+
+class ApprovalsNeededOut(Schema):
+    rule: str = Field(..., description="The rule in words, as reviewers see it.")
+    approvals_required: int = Field(
+        ..., description="Distinct approvers needed (above the threshold, if one is set)."
+    )
+    quorum_amount_argument: str | None = Field(
+        ...,
+        description="The integer argument compared with a threshold; null: every call "
+        "needs `approvals_required`.",
+    )
+    quorum_currency_argument: str | None = Field(
+        ..., description="The argument holding the amount's ISO 4217 currency, if any."
+    )
+    quorum_thresholds_minor: dict[str, int] = Field(
+        ...,
+        description="Per currency, in its minor units: above its currency's threshold (or "
+        "for a currency without one) a call needs `approvals_required`; otherwise 1.",
+    )
+    quorum_threshold_minor: int | None = Field(
+        ...,
+        description="The currency-blind threshold (no currency argument): above it a call "
+        "needs `approvals_required`; otherwise 1.",
     )
 
 
-@api.get("/audit/events", summary="The tenant's audit events after a cursor, as NDJSON")
+class ToolOut(Schema):
+    name: str
+    description: str
+    arguments_schema: dict[str, Any] = Field(
+        ..., description="JSON Schema (2020-12) of the arguments; unknown keys are refused."
+    )
+    replay_safety: Literal["read_only", "idempotent_with_key", "effect_queryable", "unsafe"]
+    risk: str
+    executed_by: Literal["console", "runtime"] = Field(
+        ...,
+        description="`console`: the console calls the tool after a claim; `runtime`: the "
+        "runtime calls it and reports the effect.",
+    )
+    auto_admit: bool = Field(..., description="Admitted by policy without review (read-only).")
+    approval_lifetime_seconds: int = Field(
+        ..., description="How long an approval may be claimed after it is issued."
+    )
+    reject_repeats: bool = Field(
+        ...,
+        description="A proposal repeating an action rejected earlier in its run is rejected "
+        "without a review, with the original reason.",
+    )
+    approvals_needed: ApprovalsNeededOut
+
+
+class ToolsOut(Schema):
+    tools: list[ToolOut]
+
+
+class CanonicalOut(Schema):
+    tool: str
+    arguments: dict[str, Any]
+    canonical_action: str = Field(..., description="RFC 8785 JSON of `{tool, arguments}`.")
+    action_digest: str = Field(..., description="SHA-256 (hex) of `canonical_action`.")
+    approvals_needed: int = Field(..., description="Distinct approvers this call would need.")
+
+
+def _tool_out(contract: ToolContract) -> dict[str, Any]:
+    return {
+        "name": contract.name,
+        "description": contract.description,
+        "arguments_schema": contract.json_schema,
+        "replay_safety": contract.replay_safety,
+        "risk": contract.risk,
+        "executed_by": contract.executed_by,
+        "auto_admit": contract.auto_admit,
+        "approval_lifetime_seconds": int(contract.approval_lifetime.total_seconds()),
+        "reject_repeats": contract.reject_repeats,
+        "approvals_needed": {
+            "rule": presenters.quorum_rule(contract),
+            "approvals_required": contract.approvals_required,
+            "quorum_amount_argument": contract.quorum_amount_argument or None,
+            "quorum_currency_argument": contract.quorum_currency_argument or None,
+            "quorum_thresholds_minor": contract.quorum_thresholds_minor or {},
+            "quorum_threshold_minor": contract.quorum_threshold_minor,
+        },
+    }
+
+
+@api.get(
+    "/tools",
+    response={200: ToolsOut, **_AUTH_ERRORS},
+    summary="Every tool contract",
+    tags=["contracts"],
+)
+def tools(request: HttpRequest) -> dict[str, Any]:
+    return {"tools": [_tool_out(c) for c in selectors.tool_contracts()]}
+
+
+@api.get(
+    "/tools/{name}",
+    response={200: ToolOut, **_AUTH_ERRORS, 404: ErrorOut},
+    summary="One tool contract: its arguments' JSON Schema, replay safety, approvals needed",
+    tags=["contracts"],
+)
+def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
+    contract = selectors.tool_contract(name)
+    if contract is None:
+        raise Http404
+    return _tool_out(contract)
+
+
+@api.post(
+    "/actions/canonicalize",
+    response={200: CanonicalOut, **_AUTH_ERRORS, **_BODY_ERRORS},
+    summary="The canonical form and digest of an action, without proposing it",
+    description="Checks the action as a proposal would (the same 422 for an unknown tool "
+    "or arguments outside the contract) and writes nothing.",
+    tags=["contracts"],
+)
+def canonicalize_action(request: HttpRequest, payload: ActionIn) -> dict[str, Any]:
+    contract, action = services.action_canonical(payload.tool, payload.arguments)
+    return {
+        "tool": contract.name,
+        "arguments": json.loads(action.canonical)["arguments"],
+        "canonical_action": action.canonical,
+        "action_digest": action.digest,
+        "approvals_needed": contract.approvals_needed(payload.arguments),
+    }
+
+
+# --- the audit trail ---------------------------------------------------------------------
+
+# Events an export chains before it answers; a larger backlog is the beat task's, and the
+# export serves what is chained (the next request continues from its last cursor).
+AUDIT_EXPORT_CHAIN_LIMIT = 10_000
+
+
+@api.get(
+    "/audit/events",
+    summary="The tenant's audit events after a cursor, as NDJSON",
+    description="One JSON object per line, in cursor order. Pass the last line's `cursor` "
+    "as `after` for the next page: no event is skipped or repeated across pages, even while "
+    "events are being written, because only events below every still-open writer's ids are "
+    "served. Every event served is hash-chained (`chain_seq`, `hash`, `prev_hash`).",
+)
 def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHttpResponse:
-    events = selectors.audit_events_after(tenant=_key(request).tenant, after=query.after)
-    if query.limit is not None:
-        events = itertools.islice(events, query.limit)
-    lines: Iterator[str] = (_audit_line(e) for e in events)
-    return StreamingHttpResponse(lines, content_type="application/x-ndjson")
+    tenant = runtime_key_of(request).tenant
+    through = services.audit_chain_extend(tenant_id=tenant.pk, limit=AUDIT_EXPORT_CHAIN_LIMIT)
+    since = query.since
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    filters = selectors.AuditFilter(
+        kind=query.kind,
+        occurrence_id=query.occurrence,
+        fingerprint=query.fingerprint,
+        execution_id=query.execution,
+        since=since,
+    )
+    chunks = selectors.audit_export(
+        tenant=tenant, after=query.after, through=through, filters=filters, limit=query.limit
+    )
+    return StreamingHttpResponse(chunks, content_type="application/x-ndjson")
+
+
+@api.get(
+    "/audit/events/cursor",
+    response=AuditCursorOut,
+    summary="The newest cursor: start reading from now on without reading from 0",
+)
+def audit_events_cursor(request: HttpRequest) -> dict[str, int]:
+    return {"cursor": selectors.audit_cursor_latest(tenant=runtime_key_of(request).tenant)}
+
+
+# A batch may be larger than the API's other bodies; the limit is checked on the
+# Content-Length before anything is read.
+AUDIT_INGEST_MAX_BODY_BYTES = 1024 * 1024
+# Refusals listed in one answer; a batch with more bad lines names the first ones.
+_AUDIT_INGEST_MAX_DETAILS = 100
+
+_AUDIT_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_FINGERPRINT = re.compile(r"^[A-Za-z0-9_-]{1,16}$")
+# A raw approval token or runtime key: never stored in the audit trail (a token's
+# fingerprint is what names it there).
+_RAW_TOKEN = re.compile(
+    f"(?:{re.escape(tokens.APPROVAL_TOKEN_PREFIX)}|{re.escape(tokens.RUNTIME_KEY_PREFIX)})"
+    r"[A-Za-z0-9_-]{16,}"
+)
+
+# field: (required, longest string); the values are checked by _audit_field.
+_AUDIT_LINE_FIELDS: dict[str, tuple[bool, int]] = {
+    "event_id": (True, 36),
+    "kind": (True, 64),
+    "fingerprint": (True, 16),
+    "decision": (True, 32),
+    "execution_id": (True, 200),
+    "message_id": (True, 200),
+    "command_id": (True, 36),
+    "source_time": (True, 40),
+    "reason_code": (False, 64),
+    "occurrence_id": (False, 36),
+}
+# Fields that may be null (or "") when the event has no such thing.
+_AUDIT_NULLABLE = {
+    "fingerprint",
+    "decision",
+    "execution_id",
+    "message_id",
+    "command_id",
+    "reason_code",
+    "occurrence_id",
+}
+
+
+class _LineRefused(Exception):
+    def __init__(self, field: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.detail = {"field": field, "code": code, "message": message}
+
+
+def _audit_field(name: str, value: Any) -> Any:
+    """The field's value as stored ("" for an absent text), or _LineRefused."""
+    if value is None or value == "":
+        if name not in _AUDIT_NULLABLE:
+            raise _LineRefused(name, "missing_field", f"{name} is required.")
+        return None if name in {"command_id", "occurrence_id"} else ""
+    if not isinstance(value, str):
+        raise _LineRefused(name, "wrong_type", f"{name} must be a string.")
+    longest = _AUDIT_LINE_FIELDS[name][1]
+    if len(value) > longest:
+        raise _LineRefused(name, "too_long", f"{name} is longer than {longest} characters.")
+    if _RAW_TOKEN.search(value):
+        raise _LineRefused(
+            name, "raw_token", f"{name} holds a raw token or key; send a token's fingerprint."
+        )
+    if name in {"event_id", "command_id", "occurrence_id"}:
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise _LineRefused(name, "invalid_uuid", f"{name} is not a UUID.") from None
+    if name == "source_time":
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise _LineRefused(
+                name, "invalid_time", "source_time is not an ISO 8601 date and time."
+            ) from None
+        if moment.tzinfo is None:
+            raise _LineRefused(
+                name, "invalid_time", "source_time needs a UTC offset (Z or +hh:mm)."
+            )
+        return moment
+    if name == "kind" and not _AUDIT_KIND.match(value):
+        raise _LineRefused(
+            name, "invalid_kind", "kind is letters, digits and _ . : - (64 at most)."
+        )
+    if name == "fingerprint" and not _FINGERPRINT.match(value):
+        raise _LineRefused(name, "invalid_fingerprint", "fingerprint is not a fingerprint.")
+    return value
+
+
+def _audit_line_in(number: int, raw: bytes) -> services.AuditLine:
+    try:
+        payload = parse_json(raw)
+    except InputError as exc:
+        raise _LineRefused(exc.field or "line", exc.code, exc.message) from None
+    if not isinstance(payload, dict):
+        raise _LineRefused("line", "wrong_type", "Each line must be a JSON object.")
+    unknown = sorted(set(payload) - set(_AUDIT_LINE_FIELDS))
+    if unknown:
+        raise _LineRefused(unknown[0], "unknown_field", f"{unknown[0]} is not a known field.")
+    for name, (required, _) in _AUDIT_LINE_FIELDS.items():
+        if required and name not in payload:
+            raise _LineRefused(name, "missing_field", f"{name} is missing.")
+    values = {name: _audit_field(name, payload.get(name)) for name in _AUDIT_LINE_FIELDS}
+    return services.AuditLine(
+        line=number,
+        event_id=values["event_id"],
+        kind=values["kind"],
+        token_fingerprint=values["fingerprint"],
+        decision=values["decision"],
+        execution_id=values["execution_id"],
+        message_id=values["message_id"],
+        command_id=values["command_id"],
+        source_time=values["source_time"],
+        reason_code=values["reason_code"],
+        occurrence_id=values["occurrence_id"],
+        payload=payload,
+    )
+
+
+def _ndjson_body(request: HttpRequest) -> bytes | HttpResponse:
+    """The body, read here from the request's stream under this endpoint's own limit:
+    ``request.body`` would apply the API's 64 KiB (``DATA_UPLOAD_MAX_MEMORY_SIZE``)."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length <= 0:
+        return error_response(
+            "empty_body", "The body is empty; send one JSON object per line.", 400
+        )
+    charset = (request.content_params or {}).get("charset", "utf-8").lower()
+    if request.content_type != "application/x-ndjson" or charset not in {"utf-8", "utf8"}:
+        return error_response(
+            "unsupported_media_type",
+            "Send the batch as Content-Type: application/x-ndjson, one JSON object per line.",
+            415,
+        )
+    too_big = error_response(
+        "payload_too_large",
+        f"The body is larger than {AUDIT_INGEST_MAX_BODY_BYTES // 1024} KiB; send smaller batches.",
+        413,
+    )
+    if length > AUDIT_INGEST_MAX_BODY_BYTES:
+        return too_big
+    raw = request.read(AUDIT_INGEST_MAX_BODY_BYTES + 1)
+    return too_big if len(raw) > AUDIT_INGEST_MAX_BODY_BYTES else raw
+
+
+@api.post(
+    "/audit/events",
+    response={200: AuditIngestOut, 400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut},
+    summary="Ingest other producers' audit events (NDJSON)",
+    description="One event per line: `event_id` (the producer's, a UUID), `kind`, "
+    "`fingerprint`, `decision`, `execution_id`, `message_id`, `command_id`, `source_time` "
+    "(ISO 8601 with an offset), and optionally `reason_code` and `occurrence_id`; the values "
+    "an event does not have may be null. A producer event id stored before (by an earlier "
+    "batch or an earlier line) is stored once and counted as a duplicate delivery. A bad "
+    "line refuses the whole batch with 422, naming each bad line. At most 1 MiB.",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+        }
+    },
+)
+def audit_ingest(request: HttpRequest) -> HttpResponse | dict[str, int]:
+    raw = _ndjson_body(request)
+    if isinstance(raw, HttpResponse):
+        return raw
+    lines: list[services.AuditLine] = []
+    refused: list[dict[str, Any]] = []
+    for number, text in enumerate(raw.split(b"\n"), start=1):
+        text = text.removesuffix(b"\r")
+        if not text.strip():
+            continue
+        try:
+            lines.append(_audit_line_in(number, text))
+        except _LineRefused as exc:
+            refused.append({"line": number, **exc.detail})
+    if refused:
+        first = refused[0]
+        return error_response(
+            first["code"],
+            f"line {first['line']}: {first['message']} Nothing of the batch was stored.",
+            422,
+            refused[:_AUDIT_INGEST_MAX_DETAILS],
+        )
+    if not lines:
+        return error_response(
+            "empty_body", "The body is empty; send one JSON object per line.", 400
+        )
+    ingestion = services.audit_ingest(runtime_key=runtime_key_of(request), lines=lines)
+    return {
+        "received": ingestion.received,
+        "new": ingestion.new,
+        "duplicates": ingestion.duplicates,
+        "ingestion_id": ingestion.pk,
+    }

@@ -18,6 +18,7 @@ STATE_CHOICES = [
     (Occurrence.Status.CLAIMED.value, "Claimed"),
     (Occurrence.Status.REJECTED.value, "Rejected"),
     (Occurrence.Status.REVOKED.value, "Revoked"),
+    (Occurrence.Status.EXPIRED.value, "Expired"),
     (Occurrence.Status.AUTO_ADMITTED.value, "Auto-admitted"),
     (STATE_ALL, "All states"),
 ]

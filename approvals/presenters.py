@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -23,13 +22,30 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from approvals.canonical import pretty
+from approvals.canonical import (
+    LookAlike,
+    currency_exponent,
+    is_amount,
+    is_hidden,
+    look_alikes,
+    pretty,
+    same_person,
+)
 from approvals.forms import STATE_ALL, STATE_CHOICES
-from approvals.models import Approval, AuditEvent, Command, Occurrence, Proposal, ToolContract
+from approvals.models import (
+    Approval,
+    AuditEvent,
+    Command,
+    Membership,
+    Occurrence,
+    Proposal,
+    ToolContract,
+)
 from approvals.selectors import (
     DELIVERED,
     ClaimTally,
     DecisionView,
+    EffectEvidence,
     Freshness,
     InboxFreshness,
     PanelState,
@@ -50,15 +66,8 @@ def stamp(parts: Any) -> str:
 # --- showing agent-supplied text ------------------------------------------------------
 
 # Characters that render as nothing, as a space, or that reorder the text around them
-# (bidi controls): a reviewer could not see them, so they are shown as JSON escapes.
-_HIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
-
-
-def is_hidden(char: str) -> bool:
-    if char in "\n\t":
-        return False
-    category = unicodedata.category(char)
-    return category in _HIDDEN_CATEGORIES or (category == "Zs" and char != " ")
+# (bidi controls, ``canonical.is_hidden``): a reviewer could not see them, so they are
+# shown as JSON escapes.
 
 
 def json_escape(char: str) -> str:
@@ -70,14 +79,18 @@ def json_escape(char: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
+NO_HTML = SafeString("")
+
+
 @dataclass(frozen=True)
 class Revealed:
     html: SafeString
     hidden: int
 
 
-def reveal(text: str) -> Revealed:
-    """Escaped HTML of ``text`` with hidden characters shown as highlighted ``\\uXXXX``.
+def reveal(text: str, look_alike: Collection[str] = ()) -> Revealed:
+    """Escaped HTML of ``text`` with hidden characters shown as highlighted ``\\uXXXX``,
+    and the characters in ``look_alike`` (from ``argument_flags``) highlighted as they are.
 
     In JSON, every non-ASCII character sits inside a string, where ``\\uXXXX`` denotes the
     same character: the revealed text still parses to the exact digested value.
@@ -86,12 +99,22 @@ def reveal(text: str) -> Revealed:
     hidden = 0
     run = ""
     for char in text:
-        if not is_hidden(char):
+        if not is_hidden(char) and char not in look_alike:
             run += char
             continue
         if run:
             pieces.append(format_html("{}", run))
             run = ""
+        if char in look_alike:
+            pieces.append(
+                format_html(
+                    '<mark class="hidden-char lookalike-char" title="Look-alike character {}">'
+                    "{}</mark>",
+                    f"U+{ord(char):04X} {unicodedata.name(char, '')}".strip(),
+                    char,
+                )
+            )
+            continue
         hidden += 1
         pieces.append(
             format_html(
@@ -120,35 +143,26 @@ def json_value(value: Any) -> str:
 
 # --- money ------------------------------------------------------------------------------
 
-# ISO 4217 minor units that differ from the usual 2. Codes not listed here have 2.
-_MINOR_UNITS = {
-    **dict.fromkeys(
-        [
-            "BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX",
-            "UYI", "VND", "VUV", "XAF", "XOF", "XPF",
-        ],
-        0,
-    ),
-    **dict.fromkeys(["BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"], 3),
-    **dict.fromkeys(["CLF", "UYW"], 4),
-}  # fmt: skip
-
-_CURRENCY = re.compile(r"[A-Z]{3}")
 _MINOR_SUFFIX = "_minor"
 _MAX_MONEY_LINES = 20
 
 
-def minor_units(currency: str) -> int:
-    """Digits after the decimal point in ``currency`` (ISO 4217); 2 unless listed."""
-    return _MINOR_UNITS.get(currency, 2)
+def minor_units(currency: str) -> int | None:
+    """Digits after the decimal point in ``currency``, from ISO 4217 (the ``iso4217``
+    package's copy of the maintenance agency's list), or None for a code that is no
+    currency money is paid in (XXX, XTS, XAU, funds, anything unlisted)."""
+    return currency_exponent(currency)
 
 
 def format_money(amount_minor: int, currency: str) -> str:
     """``8000, "EUR"`` -> ``"EUR 80.00"``; ``12000, "JPY"`` -> ``"JPY 12,000"``.
 
     Integer arithmetic only: the amount is shown exactly, never rounded through a float.
+    A code that is not an ISO 4217 currency is a ValueError: it is never shown as money.
     """
     digits = minor_units(currency)
+    if digits is None:
+        raise ValueError(f"{currency!r} is not an ISO 4217 currency.")
     sign = "-" if amount_minor < 0 else ""
     whole, fraction = divmod(abs(amount_minor), 10**digits)
     text = f"{whole:,}"
@@ -168,13 +182,7 @@ class MoneyLine:
     text: str  # "EUR 80.00"
 
 
-def _is_amount(key: str, value: Any) -> bool:
-    return (
-        key.endswith(_MINOR_SUFFIX)
-        and len(key) > len(_MINOR_SUFFIX)
-        and isinstance(value, int)
-        and not isinstance(value, bool)
-    )
+_is_amount = is_amount
 
 
 def _label(key: str) -> str:
@@ -185,7 +193,7 @@ def _label(key: str) -> str:
 def _money_in(value: Any, path: str) -> Iterator[MoneyLine]:
     if isinstance(value, dict):
         currency = value.get("currency")
-        if isinstance(currency, str) and _CURRENCY.fullmatch(currency):
+        if isinstance(currency, str) and minor_units(currency) is not None:
             for key, amount in value.items():
                 if _is_amount(key, amount):
                     yield MoneyLine(
@@ -206,8 +214,8 @@ def _money_in(value: Any, path: str) -> Iterator[MoneyLine]:
 def money_lines(arguments: dict[str, Any]) -> list[MoneyLine]:
     """Every integer ``*_minor`` amount that has a ``currency`` code beside it.
 
-    Only a three-letter upper-case code counts as a currency; anything else is left as the
-    JSON shows it rather than guessed at.
+    Only an ISO 4217 currency counts (not XXX, XTS, precious metals or funds); anything
+    else is left as the JSON shows it rather than guessed at.
     """
     lines: list[MoneyLine] = []
     for line in _money_in(arguments, ""):
@@ -215,6 +223,61 @@ def money_lines(arguments: dict[str, Any]) -> list[MoneyLine]:
         if len(lines) == _MAX_MONEY_LINES:
             break
     return lines
+
+
+# --- look-alike text ----------------------------------------------------------------------
+
+_MAX_FLAGS = 20
+
+
+@dataclass(frozen=True)
+class ArgumentFlag:
+    """A string argument that is not what it looks like (Unicode TR39, ``look_alikes``)."""
+
+    path: SafeString  # "payment_id", "lines[0].sku"; keys come from the agent
+    word: SafeString  # the word as it is, hidden characters shown
+    reads_as: SafeString  # what a reader would take it for
+    reasons: list[str]
+    path_text: str = ""  # the path as plain text, hidden characters as escapes
+
+    @property
+    def text(self) -> str:
+        """One line, for a title attribute or a screen reader."""
+        return f"{self.path_text}: {'; '.join(self.reasons)}"
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, nested in value.items():
+            yield from _strings(nested, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, nested in enumerate(value):
+            yield from _strings(nested, f"{path}[{index}]")
+
+
+def _flag(path: str, found: LookAlike) -> ArgumentFlag:
+    return ArgumentFlag(
+        path=reveal_html(path),
+        word=reveal_html(found.word),
+        reads_as=reveal_html(found.reads_as),
+        reasons=list(found.reasons),
+        path_text=plain_reveal(path),
+    )
+
+
+def argument_flags(arguments: Any) -> list[ArgumentFlag]:
+    """Every word of a string argument, at any depth, that mixes scripts or passes for
+    other characters: ``"p\u0430y_42"`` (a Cyrillic a), ``"pay_\uff14\uff12"`` (fullwidth
+    digits), ``"pay_4\u03022"`` (a combining circumflex) all read as ``pay_42``."""
+    flags: list[ArgumentFlag] = []
+    for path, text in _strings(arguments, ""):
+        for found in look_alikes(text):
+            flags.append(_flag(path, found))
+            if len(flags) == _MAX_FLAGS:
+                return flags
+    return flags
 
 
 # --- the inbox ---------------------------------------------------------------------------
@@ -263,6 +326,11 @@ class InboxRow:
     badge: str
     label: str
     age: str
+    flags: list[ArgumentFlag] = field(default_factory=list)  # look-alike text
+
+    @property
+    def flags_text(self) -> str:
+        return " · ".join(flag.text for flag in self.flags)
 
 
 def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
@@ -279,6 +347,7 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
         badge=badge,
         label=label,
         age=age(occurrence.created_at, now),
+        flags=argument_flags(arguments),
     )
 
 
@@ -359,10 +428,23 @@ _HISTORY_DETAIL_KEYS = [
     "idempotency_key",
     "justification",
     "reason",
+    "invocation",
+    "kind",
+    "receipt",
+    "why",
+    "detail",
+    "challenges",
+    "attempt",
+    "retry_in_seconds",
+    "previous_epoch",
+    "basis",
+    "adapter",
 ]
 
 
 def detail_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "; ".join(detail_value(item) for item in value)
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value)
@@ -377,7 +459,7 @@ def detail_value(value: Any) -> str:
 @dataclass(frozen=True)
 class Detail:
     key: str
-    value: str
+    value: SafeString  # agent or remote text (execution and message ids, receipts), revealed
     code: bool  # an identifier, shown in monospace and wrapped anywhere
 
 
@@ -389,21 +471,28 @@ class HistoryRow:
     flag: str  # "security", "redelivery" or ""
     flag_label: str
     outcome: str  # the decision in words, or ""
+    actor: SafeString = NO_HTML  # revealed; empty when the event names none
 
 
 def history_row(event: AuditEvent) -> HistoryRow:
     data = event.data if isinstance(event.data, dict) else {}
     details = [
-        Detail(key.replace("_", " "), detail_value(data[key]), code=key == "idempotency_key")
+        Detail(
+            key.replace("_", " "),
+            reveal_html(detail_value(data[key])),
+            code=key == "idempotency_key",
+        )
         for key in _HISTORY_DETAIL_KEYS
         if key in data
     ]
+    # Execution and message ids come from the runtime: a bidi control in one
+    # ("run\u202egnp.exe" shows as "runexe.png") is shown as its escape, like agent text.
     if event.execution_id:
-        details.append(Detail("execution", event.execution_id, code=True))
+        details.append(Detail("execution", reveal_html(event.execution_id), code=True))
     if event.message_id:
-        details.append(Detail("message", event.message_id, code=True))
+        details.append(Detail("message", reveal_html(event.message_id), code=True))
     if event.command_id:
-        details.append(Detail("command", str(event.command_id), code=True))
+        details.append(Detail("command", reveal_html(str(event.command_id)), code=True))
 
     decision = event.decision
     flag = flag_label = outcome = ""
@@ -416,6 +505,14 @@ def history_row(event: AuditEvent) -> HistoryRow:
     elif decision == "duplicate_delivery":
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = OUTCOME_TEXT[decision]
+    elif event.kind == "dispatch.redelivered":
+        flag, flag_label = "redelivery", "Redelivery · healthy"
+        outcome = (
+            "The queue delivered the command again; its effect was settled, so nothing was called."
+        )
+    elif event.kind == "effect.report_refused":
+        flag, flag_label = "security", "Report refused"
+        outcome = "An execution that does not hold this command tried to report its effect."
     # Inline blocks, so a narrow column breaks a kind only after its dots (a <wbr> would
     # also break where the column is wide enough: Chromium ignores nowrap for it).
     parts = event.kind.split(".")
@@ -424,7 +521,9 @@ def history_row(event: AuditEvent) -> HistoryRow:
         '<span class="kind-part">{}</span>',
         ((part + ("." if n < len(parts) - 1 else ""),) for n, part in enumerate(parts)),
     )
-    return HistoryRow(event, kind, details, flag, flag_label, outcome)
+    return HistoryRow(
+        event, kind, details, flag, flag_label, outcome, actor=reveal_html(event.actor or "")
+    )
 
 
 def history_rows(events: Iterable[AuditEvent]) -> list[HistoryRow]:
@@ -445,6 +544,11 @@ class EvidencePart:
     @property
     def more_text(self) -> str:
         return f"{self.more:,}"
+
+    @property
+    def names_html(self) -> list[SafeString]:
+        """The execution ids as the page shows them: hidden characters as escapes."""
+        return [reveal_html(name) for name in self.names]
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -554,21 +658,43 @@ def refusal(code: str, message: str) -> Notice:
     return Notice("info" if code == "not_pending" else "error", REFUSALS.get(code, message))
 
 
+def _threshold_money(amount_minor: int, currency: str) -> str:
+    if minor_units(currency) is None:
+        return f"{amount_minor} {currency}"
+    return format_money(amount_minor, currency)
+
+
 def quorum_rule(tool: ToolContract, arguments: dict[str, Any] | None = None) -> str:
-    """The tool's approval rule in words; the threshold also as money when this call's
-    arguments carry a currency beside the amount."""
-    if tool.quorum_amount_argument and tool.quorum_threshold_minor is not None:
-        threshold = f"{tool.quorum_threshold_minor}"
-        currency = (arguments or {}).get("currency")
-        if isinstance(currency, str) and _CURRENCY.fullmatch(currency):
-            threshold += f" ({format_money(tool.quorum_threshold_minor, currency)})"
-        return (
-            f"{tool.approvals_required} distinct reviewers when {tool.quorum_amount_argument} "
-            f"is above {threshold}; otherwise 1"
-        )
+    """The tool's approval rule in words, with the threshold that applies to this call's
+    currency (a per-currency contract) or the currency-blind one."""
+    arguments = arguments or {}
+    needed = f"{tool.approvals_required} distinct reviewers"
     if tool.approvals_required == 1:
         return "1 reviewer"
-    return f"{tool.approvals_required} distinct reviewers"
+    if not tool.quorum_amount_argument:
+        return needed
+    amount = tool.quorum_amount_argument
+    if tool.quorum_currency_argument:
+        thresholds = tool.quorum_thresholds_minor or {}
+        listed = ", ".join(
+            _threshold_money(value, code) for code, value in sorted(thresholds.items())
+        )
+        currency = arguments.get(tool.quorum_currency_argument)
+        threshold = tool.quorum_threshold(arguments)
+        if isinstance(currency, str) and threshold is not None:
+            this_call = f"{_threshold_money(threshold, currency)} for this call's currency"
+        elif isinstance(currency, str):
+            this_call = f"none for {json_value(currency)}, so this call needs the quorum"
+        else:
+            this_call = ""
+        return (
+            f"{needed} when {amount} is above the threshold of its currency"
+            f"{f' ({this_call})' if this_call else ''}, or its currency has no threshold; "
+            f"otherwise 1. Thresholds: {listed or 'none'}"
+        )
+    if tool.quorum_threshold_minor is None:
+        return needed
+    return f"{needed} when {amount} is above {tool.quorum_threshold_minor}; otherwise 1"
 
 
 def duration(seconds: float) -> str:
@@ -588,6 +714,84 @@ class Viewer:
     username: str
     is_reviewer: bool
     is_admin: bool
+    email: str = ""
+
+
+@dataclass(frozen=True)
+class EffectView:
+    """What the panel says about a command's effect, in words."""
+
+    state: str
+    label: str
+    headline: str
+    # From the remote or the runtime: revealed, like agent text.
+    receipt: SafeString
+    why: SafeString
+    challenges: list[SafeString]
+    invocations: int
+    epoch: int
+    attention: bool  # someone must act: an unknown outcome, or a challenge to answer
+
+
+def effect_view(command: Command, evidence: EffectEvidence | None) -> EffectView:
+    """The effect of ``command`` as the newest evidence tells it."""
+    latest = evidence.latest if evidence else None
+    data = latest.data if latest is not None and isinstance(latest.data, dict) else {}
+    why = str(data.get("why") or data.get("detail") or "")
+    receipt = str(data.get("receipt") or "")
+    interruption = evidence.interruption if evidence else None
+    challenges: list[str] = []
+    if interruption is not None and isinstance(interruption.data, dict):
+        challenges = [str(c) for c in interruption.data.get("challenges", [])]
+    state = command.state
+    runtime = command.executed_by == Command.ExecutedBy.RUNTIME
+    attention = False
+    if (
+        state == Command.State.PENDING
+        and latest is not None
+        and latest.kind == ("effect.retry_scheduled")
+    ):
+        headline = (
+            f"Refused before execution; the console calls again in "
+            f"{data.get('retry_in_seconds', '?')} s (call {data.get('attempt', '?')} of "
+            f"{data.get('of', '?')} was refused)."
+        )
+    elif state == Command.State.PENDING and runtime:
+        headline = "Waiting for the runtime to execute it and report the effect."
+    elif state == Command.State.PENDING:
+        headline = "Queued: the console will deliver it to the adapter."
+    elif state == Command.State.SENDING:
+        headline = "Sending: a call to the adapter may be in flight."
+    elif state == Command.State.COMMITTED:
+        headline = "Committed: the remote did it."
+    elif state == Command.State.REJECTED and challenges:
+        attention = True
+        headline = (
+            "Interrupted: the remote asked for authentication and refused the call before "
+            "executing it. Nothing is sent again until an admin replaces the credential; "
+            "then a new epoch is admitted, because the effect is known rejected."
+        )
+    elif state == Command.State.REJECTED:
+        headline = "Rejected: the remote refused it before executing it."
+    elif state == Command.State.OUTCOME_UNKNOWN:
+        attention = True
+        headline = (
+            "Outcome unknown: the call may or may not have taken effect. Nothing is called "
+            "again until an operator reconciles it."
+        )
+    else:
+        headline = command.get_state_display()
+    return EffectView(
+        state=state,
+        label=command.get_state_display(),
+        headline=headline,
+        receipt=reveal_html(receipt),
+        why=reveal_html(why),
+        challenges=[reveal_html(c) for c in challenges],
+        invocations=evidence.invocations if evidence else 0,
+        epoch=evidence.epoch if evidence else 1,
+        attention=attention,
+    )
 
 
 @dataclass(frozen=True)
@@ -599,6 +803,7 @@ class DecisionPanel:
     proposal: Proposal
     approval: Approval | None
     command: Command | None
+    effect: EffectView | None
     state_label: str
     shown: Proposal
     shown_is_current: bool
@@ -626,6 +831,8 @@ class DecisionPanel:
     stamp: str
     poll_url: str
     poll_seconds: int
+    # Who consumed the approval: an execution id from the runtime, revealed.
+    consumed_by_html: SafeString = NO_HTML
 
     def context(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -681,7 +888,7 @@ def decision_panel(
         name
         for name in snapshot.reviewer_names
         if name not in decision.voters
-        and name != occurrence.requested_by
+        and not same_person(occurrence.requested_by, name)
         and (proposal.edited_by is None or name != proposal.edited_by.username)
     ]
     expires_in = ""
@@ -710,12 +917,14 @@ def decision_panel(
         proposal=proposal,
         approval=approval,
         command=decision.command,
+        effect=effect_view(decision.command, snapshot.effect) if decision.command else None,
         state_label=PANEL_LABELS[decision.state],
         shown=shown,
         shown_is_current=shown.pk == proposal.pk,
         is_reviewer=viewer.is_reviewer,
         is_admin=viewer.is_admin,
-        is_requester=bool(occurrence.requested_by) and occurrence.requested_by == viewer.username,
+        # As the service judges it: requested_by names the viewer after normalization.
+        is_requester=same_person(occurrence.requested_by, viewer.username, viewer.email),
         is_editor=proposal.edited_by is not None and proposal.edited_by.username == viewer.username,
         has_voted=viewer.username in decision.voters,
         undecided=undecided,
@@ -737,6 +946,7 @@ def decision_panel(
         stamp=rendered,
         poll_url=poll_url,
         poll_seconds=PANEL_POLL_SECONDS,
+        consumed_by_html=reveal_html(approval.consumed_by_execution if approval else ""),
     )
 
 
@@ -778,24 +988,65 @@ def edit_initial(proposal: Proposal) -> dict[str, str]:
     return {"arguments": plain_reveal(arguments), "action_digest": proposal.action_digest}
 
 
+@dataclass(frozen=True)
+class Requester:
+    """``requested_by`` as the agent gave it, and whether it names a member of the tenant."""
+
+    html: SafeString  # as given, hidden characters shown
+    verified: bool  # names a member (username or email, after ``identity_key``)
+    member: str  # that member's username, when it is written differently
+
+    @property
+    def given(self) -> bool:
+        return bool(self.html)
+
+
+def requester(requested_by: str, members: Iterable[tuple[str, str]]) -> Requester:
+    """``members`` are the tenant's (username, email) pairs."""
+    match = next(
+        (username for username, email in members if same_person(requested_by, username, email)),
+        None,
+    )
+    return Requester(
+        html=reveal_html(requested_by),
+        verified=match is not None,
+        member=match if match is not None and match != requested_by else "",
+    )
+
+
 def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, Any]:
-    """What the review page shows around the decision panel."""
+    """What the review page shows around the decision panel.
+
+    Unlike the rest of this module it reads one thing: the tenant's members, to say whether
+    ``requested_by`` names one of them (one query, only when a requester is given).
+    """
     occurrence = panel.occurrence
     proposal = panel.proposal
     proposals = list(occurrence.proposals.all())
-    action = reveal(pretty(proposal.canonical_action))
     arguments = proposal.arguments
+    flags = argument_flags(arguments)
+    look_alike = {c for flag in flags for c in flag.word if not c.isascii() and not is_hidden(c)}
+    action = reveal(pretty(proposal.canonical_action), look_alike)
     base = diff_base(proposals, proposal, since_digest)
     tool = occurrence.tool
+    members: list[tuple[str, str]] = []
+    if occurrence.requested_by:
+        members = list(
+            Membership.objects.filter(tenant_id=occurrence.tenant_id)
+            .values_list("user__username", "user__email")
+            .distinct()
+        )
     return {
         "tool": tool,
         "tenant": occurrence.tenant,
         "versions": len(proposals),
         "action_html": action.html,
         "hidden_chars": action.hidden,
+        "look_alikes": flags,
         "money": money_lines(arguments),
         "reason_html": reveal_html(occurrence.reason),
         "requested_by_html": reveal_html(occurrence.requested_by),
+        "requester": requester(occurrence.requested_by, members),
         "run_id_html": reveal_html(occurrence.run_id),
         "diff_base": base,
         "diff_rows": diff_rows(base, proposal) if base else [],

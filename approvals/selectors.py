@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
+from django.db import connection
 from django.db.models import (
     Case,
     Count,
+    Exists,
     F,
     Max,
     Min,
@@ -24,8 +27,11 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals.models import (
+    AUDIT_CHAIN_GENESIS,
     Approval,
     ApprovalVote,
+    AuditChainHead,
+    AuditDuplicateDelivery,
     AuditEvent,
     Command,
     Epoch,
@@ -58,7 +64,9 @@ def approval_state(approval: Approval, now: datetime | None = None) -> str:
 
 def occurrence_detail_queryset() -> QuerySet[Occurrence]:
     return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
-        Prefetch("proposals", queryset=Proposal.objects.order_by("version")),
+        Prefetch(
+            "proposals", queryset=Proposal.objects.select_related("edited_by").order_by("version")
+        ),
         Prefetch("approvals", queryset=Approval.objects.select_related("approver", "proposal")),
         Prefetch("commands", queryset=Command.objects.order_by("created_at")),
         Prefetch("epochs", queryset=Epoch.objects.order_by("number")),
@@ -70,6 +78,74 @@ def occurrence_get_for_tenant(*, tenant: Tenant, occurrence_id: str) -> Occurren
     if pk is None:
         return None
     return occurrence_detail_queryset().filter(tenant=tenant, pk=pk).first()
+
+
+def occurrence_lookup(*, tenant: Tenant, run_id: str, client_ref: str) -> Occurrence | None:
+    """The tenant's occurrence proposed with this ``client_ref`` in this run, if any."""
+    return (
+        occurrence_detail_queryset()
+        .filter(tenant=tenant, run_id=run_id, client_ref=client_ref)
+        .exclude(client_ref="")
+        .first()
+    )
+
+
+# Prior decisions listed in a proposal's answer: the newest ones.
+PRIOR_DECISIONS_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class PriorDecision:
+    """An earlier occurrence of the same run, with the same action, that was rejected."""
+
+    occurrence_id: uuid.UUID
+    decision: Literal["rejected"]
+    reason: str
+    decided_at: datetime | None
+    decided_by: str  # the reviewer's username, or "policy"
+
+
+def prior_rejections(
+    *,
+    tenant: Tenant | int,
+    run_id: str,
+    action_digest: str,
+    exclude: uuid.UUID | None = None,
+    limit: int = PRIOR_DECISIONS_LIMIT,
+) -> list[PriorDecision]:
+    """Rejected occurrences of the run whose action (any version of it) had this digest,
+    newest decision first."""
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    rejected = (
+        Occurrence.objects.filter(
+            tenant_id=tenant_id, run_id=run_id, status=Occurrence.Status.REJECTED
+        )
+        .filter(
+            Exists(
+                Proposal.objects.filter(occurrence_id=OuterRef("pk"), action_digest=action_digest)
+            )
+        )
+        .annotate(
+            decided_by=Subquery(
+                AuditEvent.objects.filter(occurrence_id=OuterRef("pk"), kind="occurrence.rejected")
+                .order_by("-id")
+                .values("actor")[:1]
+            )
+        )
+        .order_by(F("decided_at").desc(nulls_last=True), "-created_at")
+    )
+    if exclude is not None:
+        rejected = rejected.exclude(pk=exclude)
+    return [
+        PriorDecision(
+            occurrence_id=row["pk"],
+            decision="rejected",
+            reason=row["rejection_reason"],
+            decided_at=row["decided_at"],
+            decided_by=row["decided_by"] or "",
+        )
+        for row in rejected.values("pk", "rejection_reason", "decided_at", "decided_by")[:limit]
+    ]
 
 
 def current_proposal(occurrence: Occurrence) -> Proposal:
@@ -91,6 +167,434 @@ def audit_events_after(*, tenant: Tenant, after: int = 0) -> Iterator[AuditEvent
     )
 
 
+# --- the audit trail: export, cursor, chain, duplicate deliveries --------------------------
+
+# Advisory lock keys from 2^62 up are the open audit writers' (migration 0008): each is
+# 2^62 + the largest audit event id drawn when the transaction wrote its first event.
+AUDIT_WRITER_KEY_BASE = 2**62
+
+
+def audit_watermark() -> int:
+    """The audit event id up to which the trail is settled: every event with this id or a
+    lower one has committed (and is visible to a query started after this call) or never
+    will. Serving only ids up to it is what lets a cursor never skip an event.
+
+    Ids come from a sequence, so two transactions can commit them out of order: id 100 can
+    commit after id 101 is already visible, and a reader that had moved its cursor past 101
+    would never see 100. On PostgreSQL each transaction that writes audit events holds a
+    shared advisory lock keyed by the largest id drawn before its first event (migration
+    0008); this reads the sequence's last value and then the smallest key of the other
+    open writers (the caller's own transaction excluded: its events are visible to it).
+    SQLite admits one writer at a time, so its ids commit in order."""
+    if connection.vendor != "postgresql":
+        last: int | None = AuditEvent.objects.aggregate(last=Max("id"))["last"]
+        return last or 0
+    table = AuditEvent._meta.db_table
+    with connection.cursor() as cursor:
+        # The order of these two reads matters: a writer whose lock the second misses drew
+        # its ids after the first.
+        cursor.execute(
+            "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclass),"
+            " 0)",
+            [table],
+        )
+        drawn: int = cursor.fetchone()[0]
+        cursor.execute(
+            """
+            SELECT min(((l.classid::bigint << 32) | l.objid::bigint) - %s)
+              FROM pg_locks l
+             WHERE l.locktype = 'advisory' AND l.objsubid = 1
+               AND l.classid::bigint >= %s
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND l.pid IS DISTINCT FROM pg_backend_pid()
+            """,
+            [AUDIT_WRITER_KEY_BASE, AUDIT_WRITER_KEY_BASE >> 32],
+        )
+        oldest_open: int | None = cursor.fetchone()[0]
+    return drawn if oldest_open is None else min(drawn, oldest_open)
+
+
+def audit_cursor_latest(*, tenant: Tenant) -> int:
+    """The newest cursor a client can start from without missing anything written later:
+    the tenant's newest settled event id (0 when there is none)."""
+    settled = audit_watermark()
+    last: int | None = AuditEvent.objects.filter(tenant=tenant, id__lte=settled).aggregate(
+        last=Max("id")
+    )["last"]
+    return last or 0
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """The export's filters; ``kind`` is exact, or a prefix when it ends in ``*``."""
+
+    kind: str | None = None
+    occurrence_id: uuid.UUID | None = None
+    fingerprint: str | None = None
+    execution_id: str | None = None
+    since: datetime | None = None
+
+    @property
+    def kind_prefix(self) -> str | None:
+        return self.kind[:-1] if self.kind is not None and self.kind.endswith("*") else None
+
+
+def audit_event_line(event: AuditEvent) -> str:
+    """One line of the export, as ``GET /api/v1/audit/events`` has always written it (plus
+    the chain and ingestion keys). ``_AUDIT_LINE_SQL`` writes the same on PostgreSQL."""
+    return (
+        json.dumps(
+            {
+                "cursor": event.id,
+                "event_id": str(event.event_id),
+                "kind": event.kind,
+                "occurrence_id": str(event.occurrence_id) if event.occurrence_id else None,
+                "actor": event.actor,
+                "token_fingerprint": event.token_fingerprint or None,
+                "decision": event.decision or None,
+                "reason_code": event.reason_code or None,
+                "execution_id": event.execution_id or None,
+                "message_id": event.message_id or None,
+                "command_id": str(event.command_id) if event.command_id else None,
+                "trace_id": event.trace_id or None,
+                "source_time": event.source_time.isoformat(),
+                "ingested_at": event.ingested_at.isoformat(),
+                "data": event.data,
+                "ingestion_id": event.ingestion_id,
+                "chain_seq": event.chain_seq,
+                "hash": event.hash,
+                "prev_hash": event.prev_hash,
+            },
+            sort_keys=True,
+        )
+        + "\n"
+    )
+
+
+def _sql_time(column: str) -> str:
+    # datetime.isoformat() of a UTC datetime: no fraction when the microseconds are 0.
+    return (
+        f"replace(to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'),"
+        f" '.000000', '') || '+00:00'"
+    )
+
+
+def _sql_text_or_null(column: str) -> str:
+    return f"coalesce(to_json(nullif({column}, ''))::text, 'null')"
+
+
+# The line of ``audit_event_line``, written by PostgreSQL: the same keys in the same order
+# with the same separators, the same values. Two spellings differ and read back equal as
+# JSON: non-ASCII characters are written as UTF-8 rather than \u escapes, and the keys
+# inside "data" come in jsonb's order rather than sorted.
+_AUDIT_LINE_SQL = f"""concat(
+    '{{"actor": ', to_json(e.actor::text),
+    ', "chain_seq": ', coalesce(e.chain_seq::text, 'null'),
+    ', "command_id": ', coalesce('"' || e.command_id::text || '"', 'null'),
+    ', "cursor": ', e.id,
+    ', "data": ', e.data,
+    ', "decision": ', {_sql_text_or_null("e.decision")},
+    ', "event_id": "', e.event_id, '"',
+    ', "execution_id": ', {_sql_text_or_null("e.execution_id")},
+    ', "hash": ', coalesce(to_json(e.hash::text)::text, 'null'),
+    ', "ingested_at": "', {_sql_time("e.ingested_at")}, '"',
+    ', "ingestion_id": ', coalesce(e.ingestion_id::text, 'null'),
+    ', "kind": ', to_json(e.kind::text),
+    ', "message_id": ', {_sql_text_or_null("e.message_id")},
+    ', "occurrence_id": ', coalesce('"' || e.occurrence_id::text || '"', 'null'),
+    ', "prev_hash": ', coalesce(to_json(e.prev_hash::text)::text, 'null'),
+    ', "reason_code": ', {_sql_text_or_null("e.reason_code")},
+    ', "source_time": "', {_sql_time("e.source_time")}, '"',
+    ', "token_fingerprint": ', {_sql_text_or_null("e.token_fingerprint")},
+    ', "trace_id": ', {_sql_text_or_null("e.trace_id")},
+    E'}}\\n')"""
+
+# Lines per query of the PostgreSQL export: a few MB of text at a time.
+AUDIT_EXPORT_PAGE = 5000
+
+
+def audit_export(
+    *,
+    tenant: Tenant,
+    after: int,
+    through: int,
+    filters: AuditFilter | None = None,
+    limit: int | None = None,
+) -> Iterator[str]:
+    """The tenant's events with ``after < id <= through`` that match ``filters``, in id
+    order, as NDJSON text in chunks; at most ``limit`` events.
+
+    On PostgreSQL the database writes the lines itself, a page of ``AUDIT_EXPORT_PAGE``
+    at a time (keyset by id), so the export runs near the speed of ``COPY`` in constant
+    memory; elsewhere Django reads the rows and ``audit_event_line`` writes them."""
+    filters = filters or AuditFilter()
+    if connection.vendor == "postgresql":
+        return _audit_export_sql(tenant.pk, after, through, filters, limit)
+    return _audit_export_orm(tenant, after, through, filters, limit)
+
+
+def _audit_export_sql(
+    tenant_id: int, after: int, through: int, filters: AuditFilter, limit: int | None
+) -> Iterator[str]:
+    conditions = ["e.tenant_id = %s", "e.id > %s", "e.id <= %s"]
+    values: list[Any] = []
+    if filters.kind_prefix is not None:
+        escaped = filters.kind_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conditions.append("e.kind LIKE %s")
+        values.append(escaped + "%")
+    elif filters.kind is not None:
+        conditions.append("e.kind = %s")
+        values.append(filters.kind)
+    if filters.occurrence_id is not None:
+        conditions.append("e.occurrence_id = %s")
+        values.append(filters.occurrence_id)
+    if filters.fingerprint is not None:
+        conditions.append("e.token_fingerprint = %s")
+        values.append(filters.fingerprint)
+    if filters.execution_id is not None:
+        conditions.append("e.execution_id = %s")
+        values.append(filters.execution_id)
+    if filters.since is not None:
+        conditions.append("e.source_time >= %s")
+        values.append(filters.since)
+    # Only constant fragments are joined here; every value is a query parameter.
+    sql = f"""
+        SELECT count(*), max(page.id), string_agg(page.line, '' ORDER BY page.id)
+          FROM (SELECT e.id, {_AUDIT_LINE_SQL} AS line
+                  FROM {AuditEvent._meta.db_table} e
+                 WHERE {" AND ".join(conditions)}
+                 ORDER BY e.id
+                 LIMIT %s) page
+    """  # noqa: S608
+    remaining = limit
+    while remaining is None or remaining > 0:
+        size = AUDIT_EXPORT_PAGE if remaining is None else min(AUDIT_EXPORT_PAGE, remaining)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [tenant_id, after, through, *values, size])
+            count, last, text = cursor.fetchone()
+        if not count:
+            return
+        yield text
+        if count < size:
+            return
+        after = last
+        if remaining is not None:
+            remaining -= count
+
+
+def _audit_export_orm(
+    tenant: Tenant, after: int, through: int, filters: AuditFilter, limit: int | None
+) -> Iterator[str]:
+    events = AuditEvent.objects.filter(tenant=tenant, id__gt=after, id__lte=through)
+    if filters.kind_prefix is not None:
+        events = events.filter(kind__startswith=filters.kind_prefix)
+    elif filters.kind is not None:
+        events = events.filter(kind=filters.kind)
+    if filters.occurrence_id is not None:
+        events = events.filter(occurrence_id=filters.occurrence_id)
+    if filters.fingerprint is not None:
+        events = events.filter(token_fingerprint=filters.fingerprint)
+    if filters.execution_id is not None:
+        events = events.filter(execution_id=filters.execution_id)
+    if filters.since is not None:
+        events = events.filter(source_time__gte=filters.since)
+    events = events.order_by("id")
+    if limit is not None:
+        events = events[:limit]
+    chunk: list[str] = []
+    for event in events.iterator(chunk_size=500):
+        chunk.append(audit_event_line(event))
+        if len(chunk) == 500:
+            yield "".join(chunk)
+            chunk = []
+    if chunk:
+        yield "".join(chunk)
+
+
+def audit_tenants_unchained() -> list[int]:
+    """Ids of the tenants that have audit events not chained yet."""
+    return list(
+        AuditEvent.objects.filter(chain_seq__isnull=True)
+        .order_by()
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
+
+
+def audit_duplicate_deliveries(
+    tenant: Tenant, event_id: uuid.UUID | str | None = None
+) -> QuerySet[AuditDuplicateDelivery]:
+    """Producer events ingested more than once: each row is one later delivery of an event
+    the console had already stored, oldest first.
+
+    ``row.event_id`` is the producer's event id; ``row.ingestion`` (its id and
+    ``received_at``) the batch that brought it again, ``row.line`` its line there and
+    ``row.payload`` the line as sent (``row.same_payload``: whether it says what the stored
+    event says). ``row.original`` is the event as stored: its ``ingestion_id`` and
+    ``ingested_at`` are those of the first delivery. A producer event id with rows here is
+    a duplicated audit delivery; the event itself happened once."""
+    deliveries = AuditDuplicateDelivery.objects.filter(tenant=tenant).select_related(
+        "ingestion", "original"
+    )
+    if event_id is not None:
+        deliveries = deliveries.filter(event_id=event_id)
+    return deliveries.order_by("id")
+
+
+# --- verifying the chain ----------------------------------------------------------------
+
+# An event still unchained this long after it was written is reported: the chain
+# extension runs every few seconds.
+AUDIT_UNCHAINED_GRACE = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    """The first thing wrong with a tenant's chain, and the event it names."""
+
+    kind: Literal["edited", "deleted", "inserted", "unchained"]
+    event_pk: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    tenant: Tenant
+    chained: int
+    head_hash: str
+    unchained: int
+    problem: ChainProblem | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _named(event: AuditEvent) -> str:
+    seq = f", chain_seq {event.chain_seq}" if event.chain_seq is not None else ""
+    return f"event #{event.pk} ({event.kind}, event_id {event.event_id}{seq})"
+
+
+def audit_chain_verify(*, tenant: Tenant, now: datetime | None = None) -> ChainReport:
+    """Walk the tenant's chain in ``chain_seq`` order and report the first event that was
+    edited (its hash does not match its content), deleted (a gap in ``chain_seq``, or the
+    chain ends before its head), or inserted (an event whose ``prev_hash`` is not its
+    predecessor's hash, one chained beyond the head, or an unchained event with an id the
+    chain already covers). An event unchained for longer than ``AUDIT_UNCHAINED_GRACE``
+    is reported as ``unchained``. Reads in constant memory."""
+    now = now or timezone.now()
+    head = AuditChainHead.objects.filter(tenant=tenant).first()
+    chained = 0
+    prev_hash = AUDIT_CHAIN_GENESIS
+    prev: AuditEvent | None = None
+    problem: ChainProblem | None = None
+    walk = AuditEvent.objects.filter(tenant=tenant, chain_seq__isnull=False).order_by("chain_seq")
+    for event in walk.iterator(chunk_size=2000):
+        problem = _link_problem(event, prev, chained + 1, prev_hash)
+        if problem is not None:
+            break
+        chained += 1
+        prev_hash = event.hash or ""
+        prev = event
+    head_seq = head.seq if head is not None else 0
+    if problem is None and head is None and chained:
+        problem = ChainProblem(
+            "deleted",
+            None,
+            f"{chained} events are chained but the chain's head (its newest link, kept apart"
+            " from the events) was deleted",
+        )
+    elif problem is None and head_seq > chained:
+        problem = ChainProblem(
+            "deleted",
+            None,
+            f"the chain ends at chain_seq {chained} but its head records chain_seq {head_seq}:"
+            f" the newest {head_seq - chained} event(s) of the chain were deleted",
+        )
+    elif problem is None and head is not None and head_seq == chained and head.hash != prev_hash:
+        problem = ChainProblem(
+            "edited",
+            prev.pk if prev is not None else None,
+            f"the head of the chain records hash {head.hash[:16]}… for chain_seq {head_seq}"
+            f" but {_named(prev) if prev else 'the chain'} has {prev_hash[:16]}…",
+        )
+    elif problem is None and head_seq < chained:
+        problem = ChainProblem(
+            "inserted",
+            prev.pk if prev is not None else None,
+            f"events chained beyond the head (chain_seq {head_seq + 1} to {chained}), the last"
+            f" {_named(prev) if prev else ''}: inserted with forged chain columns",
+        )
+    unchained = AuditEvent.objects.filter(tenant=tenant, chain_seq__isnull=True)
+    if problem is None and head is not None:
+        behind = unchained.filter(id__lte=head.chained_through).order_by("id").first()
+        if behind is not None:
+            problem = ChainProblem(
+                "inserted",
+                behind.pk,
+                f"{_named(behind)} is not chained although the chain covers every event up to"
+                f" #{head.chained_through}: it was inserted afterwards with an old id",
+            )
+    if problem is None:
+        stale = unchained.filter(ingested_at__lt=now - AUDIT_UNCHAINED_GRACE).order_by("id")
+        late = stale.first()
+        if late is not None:
+            problem = ChainProblem(
+                "unchained",
+                late.pk,
+                f"{_named(late)}, written at {late.ingested_at.isoformat()}, is still not"
+                " chained: inserted outside the console, or a transaction that writes audit"
+                " events has been open since then (the chain waits for it), or the chain"
+                " extension (approvals.tasks.audit_chain_extend_all) is not running",
+            )
+    return ChainReport(
+        tenant=tenant,
+        chained=chained,
+        head_hash=prev_hash,
+        unchained=unchained.count(),
+        problem=problem,
+    )
+
+
+def _link_problem(
+    event: AuditEvent, prev: AuditEvent | None, expected_seq: int, prev_hash: str
+) -> ChainProblem | None:
+    after = f"event #{prev.pk}" if prev is not None else "the start of the chain"
+    if event.chain_seq != expected_seq:
+        missing = (
+            f"chain_seq {expected_seq}"
+            if event.chain_seq == expected_seq + 1
+            else f"chain_seq {expected_seq} to {(event.chain_seq or 0) - 1}"
+        )
+        return ChainProblem(
+            "deleted",
+            event.pk,
+            f"{missing} missing between {after} and {_named(event)}: deleted",
+        )
+    computed = event.chain_hash(chain_seq=expected_seq, prev_hash=event.prev_hash or "")
+    if computed != event.hash:
+        return ChainProblem(
+            "edited",
+            event.pk,
+            f"{_named(event)} was edited: its content no longer hashes to its stored hash"
+            f" ({(event.hash or '')[:16]}… stored, {computed[:16]}… now)",
+        )
+    if event.prev_hash != prev_hash:
+        return ChainProblem(
+            "inserted",
+            event.pk,
+            f"{_named(event)} does not follow {after}: its prev_hash is not that event's hash,"
+            " so an event was inserted (or replaced) here",
+        )
+    if prev is not None and event.pk <= prev.pk:
+        return ChainProblem(
+            "inserted",
+            event.pk,
+            f"{_named(event)} is chained after {after}, which has a higher id: inserted",
+        )
+    return None
+
+
 # --- the reviewer console ---------------------------------------------------------------
 
 # Roles that may open the console: reviewers decide, admins revoke.
@@ -103,7 +607,12 @@ class ConsoleAccess:
     def __init__(self, memberships: list[Membership]) -> None:
         self.roles: dict[int, set[str]] = {}
         self.tenants: list[Tenant] = []
+        # Operators work in the operations console; the header links to it.
+        self.operator_tenant_ids: set[int] = set()
         for membership in memberships:
+            if membership.role == Membership.Role.OPERATOR:
+                self.operator_tenant_ids.add(membership.tenant_id)
+                continue
             if membership.tenant_id not in self.roles:
                 self.roles[membership.tenant_id] = set()
                 self.tenants.append(membership.tenant)
@@ -125,11 +634,11 @@ def console_access(user: Any) -> ConsoleAccess:
 
 
 def console_memberships(user: Any) -> list[Membership]:
-    """The user's reviewer and admin memberships with their tenants, in one query."""
+    """The user's memberships with their tenants, in one query."""
     if not user.is_authenticated:
         return []
     return list(
-        Membership.objects.filter(user_id=user.pk, role__in=CONSOLE_ROLES)
+        Membership.objects.filter(user_id=user.pk)
         .select_related("tenant")
         .order_by("tenant__name", "tenant__slug", "role")
     )
@@ -138,6 +647,15 @@ def console_memberships(user: Any) -> list[Membership]:
 def tool_ids() -> dict[str, int]:
     """Tool contract ids by name, in name order: the inbox's tool filter."""
     return dict(ToolContract.objects.order_by("name").values_list("name", "id"))
+
+
+def tool_contracts() -> list[ToolContract]:
+    """Every tool contract, in name order."""
+    return list(ToolContract.objects.order_by("name"))
+
+
+def tool_contract(name: str) -> ToolContract | None:
+    return ToolContract.objects.filter(name=name).first()
 
 
 def inbox_occurrences(
@@ -435,7 +953,9 @@ class PanelState:
     AUTO_ADMITTED = "auto_admitted"
 
 
-_COMMAND_SETTLED = {Command.State.SUCCEEDED, Command.State.FAILED, Command.State.OUTCOME_UNKNOWN}
+# An effect an operator can still act on (rejected: a retry; unknown: reconciliation)
+# keeps the panel polling.
+_COMMAND_SETTLED = {Command.State.COMMITTED, Command.State.RECONCILED, Command.State.COMPENSATED}
 
 
 @dataclass(frozen=True)
@@ -504,6 +1024,54 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
     )
 
 
+# The audit kinds that tell what happened to a command after its claim. They are written
+# by ``reconciliation`` (which this app never imports); the review page reads them back.
+EFFECT_KINDS = (
+    "effect.sending",
+    "effect.committed",
+    "effect.rejected",
+    "effect.outcome_unknown",
+    "effect.retry_scheduled",
+    "effect.reconciled",
+    "effect.compensated",
+    "recovery.interrupted",
+    "epoch.admitted",
+)
+
+
+@dataclass(frozen=True)
+class EffectEvidence:
+    """The newest effect and recovery evidence of a command, from its audit events."""
+
+    latest: AuditEvent | None  # the newest effect.* event
+    # The newest authentication challenge, unless a later epoch was admitted after it.
+    interruption: AuditEvent | None
+    invocations: int  # adapter calls recorded so far
+    epoch: int  # the newest epoch's number
+
+
+def effect_evidence(occurrence: Occurrence, command: Command) -> EffectEvidence:
+    """One query: the newest few effect, recovery and epoch events of the command."""
+    events = list(
+        AuditEvent.objects.filter(
+            occurrence=occurrence, command_id=command.pk, kind__in=EFFECT_KINDS
+        ).order_by("-id")[:20]
+    )
+    latest = next((e for e in events if e.kind.startswith("effect.")), None)
+    interruption = None
+    for event in events:
+        if event.kind == "epoch.admitted":
+            break
+        if event.kind == "recovery.interrupted":
+            interruption = event
+            break
+    invocations = max(
+        (e.data.get("invocation", 0) for e in events if isinstance(e.data, dict)), default=0
+    )
+    epoch = max((e.data.get("epoch", 1) for e in events if e.kind == "epoch.admitted"), default=1)
+    return EffectEvidence(latest, interruption, int(invocations or 0), int(epoch))
+
+
 @dataclass(frozen=True)
 class ReviewSnapshot:
     """What a review page reads about one occurrence, at one moment."""
@@ -520,6 +1088,8 @@ class ReviewSnapshot:
     # Reviewers of the tenant, read only while the decision is still open.
     reviewer_names: list[str]
     now: datetime
+    # What the outside world did with the command, read once there is one.
+    effect: EffectEvidence | None = None
 
 
 def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> ReviewSnapshot:
@@ -547,4 +1117,5 @@ def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> Revi
         claims=claim_tally(occurrence) if decision.state == PanelState.CONSUMED else None,
         reviewer_names=tenant_reviewer_names(occurrence.tenant_id) if undecided else [],
         now=now,
+        effect=effect_evidence(occurrence, decision.command) if decision.command else None,
     )

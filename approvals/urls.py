@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import admin_views, views
 
 app_name = "approvals"
 
@@ -15,4 +15,26 @@ urlpatterns = [
     path("reviews/<uuid:occurrence_id>/edit", views.edit, name="edit"),
     path("reviews/<uuid:occurrence_id>/revoke", views.revoke, name="revoke"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
+    # Admins: revocation (single and bulk) and runtime keys.
+    path("operations/revocations/", admin_views.revocations, name="revocations"),
+    path(
+        "operations/revocations/revoke", admin_views.revocations_revoke, name="revocations-revoke"
+    ),
+    path(
+        "operations/revocations/fingerprint",
+        admin_views.revoke_fingerprint,
+        name="revoke-fingerprint",
+    ),
+    path(
+        "operations/revocations/batches/<uuid:batch_id>/",
+        admin_views.revocations_batch,
+        name="revocations-batch",
+    ),
+    path("operations/keys/", admin_views.keys, name="keys"),
+    path("operations/keys/create", admin_views.keys_create, name="keys-create"),
+    path(
+        "operations/keys/<int:key_id>/deactivate",
+        admin_views.key_deactivate,
+        name="key-deactivate",
+    ),
 ]

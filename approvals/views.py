@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
@@ -79,8 +80,14 @@ def _scope(request: HttpRequest, access: ConsoleAccess) -> Tenant | None:
 
 
 def _chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
-    """What the header needs: the tenant switcher."""
-    return {"tenants": access.tenants, "current_tenant": _scope(request, access)}
+    """What the header needs: the tenant switcher, and whether to link the operations
+    console and the admin pages."""
+    return {
+        "tenants": access.tenants,
+        "current_tenant": _scope(request, access),
+        "is_operator": bool(access.operator_tenant_ids),
+        "is_admin_somewhere": any(access.is_admin(t.pk) for t in access.tenants),
+    }
 
 
 _REQUIRED: dict[str, str] = {
@@ -280,7 +287,9 @@ def _review_url(occurrence_id: Any, **query: str) -> str:
 @console_login_required
 def review(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     opened = _open(request, occurrence_id)
-    notices = [Notice(m.level_tag or "info", str(m)) for m in messages.get_messages(request)]
+    notices = [
+        Notice(m.level_tag or "info", escape(m.message)) for m in messages.get_messages(request)
+    ]
     return _render_review(
         opened,
         since_digest=request.GET.get("since", ""),

@@ -140,7 +140,7 @@ def make_world() -> World:
         # A flushed test database loses the shipped contracts; put the one used back.
         from importlib import import_module
 
-        shipped = import_module("approvals.migrations.0003_shipped_tool_contracts").CONTRACTS
+        shipped = import_module("approvals.migrations.0006_shipped_contracts_executed_by").CONTRACTS
         (defaults,) = [c for c in shipped if c["name"] == TOOL]
         contract = ToolContract.objects.create(**defaults)
     tenant = services.tenant_create(slug=f"bench-{uuid.uuid4().hex[:12]}")
@@ -229,10 +229,10 @@ class RawClaimer:
     COMMAND = """
         INSERT INTO approvals_command
                (id, tenant_id, occurrence_id, approval_id, epoch_id, execution_id,
-                idempotency_key, action_digest, state, created_at)
+                idempotency_key, action_digest, state, executed_by, created_at, updated_at)
         VALUES (%s, %s, %s, %s,
                 (SELECT id FROM approvals_epoch WHERE occurrence_id = %s AND number = 1),
-                %s, %s, %s, 'pending', CURRENT_TIMESTAMP)
+                %s, %s, %s, 'pending', 'console', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)
     """
     AUDIT = """
         INSERT INTO approvals_auditevent

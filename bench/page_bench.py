@@ -250,9 +250,10 @@ def seed(*, n: int, m: int, hot: int, tenant_id: int, key_id: int, reviewer: Any
         FROM {Approval._meta.db_table} a WHERE a.state = 'consumed'""",
         f"""INSERT INTO {Command._meta.db_table}
             (id, tenant_id, occurrence_id, approval_id, epoch_id, execution_id,
-             idempotency_key, action_digest, state, created_at)
+             idempotency_key, action_digest, state, executed_by, created_at, updated_at)
         SELECT x.cid, x.tenant_id, x.occurrence_id, x.approval_id, x.epoch_id, x.execution_id,
-            'cmd_' || replace(x.cid::text, '-', ''), x.action_digest, 'succeeded', x.created_at
+            'cmd_' || replace(x.cid::text, '-', ''), x.action_digest, 'committed', 'console',
+            x.created_at, x.created_at
         FROM (
             SELECT gen_random_uuid() AS cid, a.tenant_id, a.occurrence_id, a.id AS approval_id,
                 e.id AS epoch_id, e.execution_id, a.action_digest, e.created_at

@@ -92,8 +92,20 @@ def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def static_files_from_the_source(settings: Any) -> None:
+    # Pages name static files as they are in static/, even in a checkout where
+    # collectstatic wrote a manifest: live_server serves from static/, not STATIC_ROOT.
+    # tests/serve checks the hashed, compressed files under gunicorn.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    settings.WHITENOISE_USE_FINDERS = settings.WHITENOISE_AUTOREFRESH = True
+
+
 SHIPPED_CONTRACTS = importlib.import_module(
-    "approvals.migrations.0003_shipped_tool_contracts"
+    "approvals.migrations.0013_currency_quorum_and_identifier_patterns"
 ).CONTRACTS
 
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from approvals import services, tokens
@@ -30,6 +31,15 @@ def error_of(response: Any) -> dict[str, Any]:
     assert {"code", "message"} <= set(body["error"]) <= {"code", "message", "details"}
     error: dict[str, Any] = body["error"]
     return error
+
+
+def refusal_of(response: Any) -> dict[str, Any]:
+    """A claim refusal's ``decision`` and ``reason``, after checking the error envelope that
+    carries the same refusal beside them."""
+    body = response.json()
+    assert set(body) == {"decision", "reason", "error"}, body
+    assert body["error"]["code"] == body["decision"]
+    return {"decision": body["decision"], "reason": body["reason"]}
 
 
 def ndjson(response: Any) -> list[dict[str, Any]]:
@@ -57,7 +67,11 @@ def test_propose_returns_201_with_pending_status_and_the_canonical_proposal(
             "version": 1,
             "action_digest": hashlib.sha256(REFUND_CANONICAL.encode()).hexdigest(),
             "canonical_action": REFUND_CANONICAL,
+            "arguments": REFUND_ARGS,
+            "edited_by": None,
         },
+        "rejection_reason": "",
+        "prior_decisions": [],
     }
     assert (occurrence.requested_by, occurrence.client_ref, occurrence.run_id) == (
         "alice",
@@ -183,6 +197,8 @@ def test_detail_after_claim_shows_approval_command_and_epoch_but_never_the_token
             "id": claim["command_id"],
             "idempotency_key": claim["idempotency_key"],
             "state": "pending",
+            "effect_state": "not_sent",
+            "executed_by": "console",
             "execution_id": "exec-a",
         }
     ]
@@ -346,6 +362,7 @@ def test_claim_with_a_fresh_token_is_approved_with_a_new_command(
         "decision": "approved",
         "command_id": str(command.pk),
         "idempotency_key": command.idempotency_key,
+        "executed_by": "console",
     }
     assert AuditEvent.objects.get(kind="claim.approved").message_id == "msg-1"
 
@@ -368,7 +385,7 @@ def test_claim_by_a_second_execution_is_403_replayed(runtime: Runtime, token: st
     response = runtime.claim(token, "exec-b")
 
     assert response.status_code == 403
-    assert response.json() == {"decision": "replayed", "reason": "consumed_by_other_execution"}
+    assert refusal_of(response) == {"decision": "replayed", "reason": "consumed_by_other_execution"}
     assert Command.objects.count() == 1
 
 
@@ -376,7 +393,7 @@ def test_claim_with_an_unknown_token_is_403_unknown_token(runtime: Runtime, toke
     response = runtime.claim("apv_" + secrets.token_urlsafe(32), "exec-a")
 
     assert response.status_code == 403
-    assert response.json() == {"decision": "unknown_token", "reason": "no_such_token"}
+    assert refusal_of(response) == {"decision": "unknown_token", "reason": "no_such_token"}
     assert Approval.objects.get().state == Approval.State.ISSUED
 
 
@@ -397,7 +414,7 @@ def test_claim_with_a_different_action_is_scope_mismatch_and_leaves_the_token_un
     response = runtime.claim(token, "exec-a", arguments={**REFUND_ARGS, "amount_minor": 8001})
 
     assert response.status_code == 403
-    assert response.json() == {"decision": "scope_mismatch", "reason": "action_differs"}
+    assert refusal_of(response) == {"decision": "scope_mismatch", "reason": "action_differs"}
     assert Approval.objects.get().state == Approval.State.ISSUED
     assert runtime.claim(token, "exec-a").json()["decision"] == "approved"
 
@@ -412,7 +429,7 @@ def test_claim_after_revocation_is_403_revoked(
     response = runtime.claim(token, "exec-a")
 
     assert response.status_code == 403
-    assert response.json() == {"decision": "revoked", "reason": "revoked_by_admin"}
+    assert refusal_of(response) == {"decision": "revoked", "reason": "revoked_by_admin"}
 
 
 def test_claim_after_expiry_is_403_expired(runtime: Runtime, token: str) -> None:
@@ -422,7 +439,7 @@ def test_claim_after_expiry_is_403_expired(runtime: Runtime, token: str) -> None
     response = runtime.claim(token, "exec-a")
 
     assert response.status_code == 403
-    assert response.json() == {"decision": "expired", "reason": "expired"}
+    assert refusal_of(response) == {"decision": "expired", "reason": "expired"}
     assert not Command.objects.exists()
 
 
@@ -509,20 +526,36 @@ def test_openapi_schema_lists_every_endpoint(client: Any) -> None:
     schema = response.json()
     assert schema["openapi"].startswith("3.")
     assert {
-        "/api/v1/occurrences": {"post"},
+        "/api/v1/occurrences": {"get", "post"},
         "/api/v1/occurrences/{occurrence_id}": {"get"},
+        "/api/v1/occurrences/{occurrence_id}/renew": {"post"},
         "/api/v1/occurrences/{occurrence_id}/token": {"post"},
+        "/api/v1/tools": {"get"},
+        "/api/v1/tools/{name}": {"get"},
+        "/api/v1/actions/canonicalize": {"post"},
         "/api/v1/claims": {"post"},
-        "/api/v1/audit/events": {"get"},
+        "/api/v1/audit/events": {"get", "post"},
+        "/api/v1/audit/events/cursor": {"get"},
+        "/api/v1/commands/{command_id}": {"get"},
+        "/api/v1/commands/{command_id}/effect": {"post"},
+        "/api/v1/occurrences/{occurrence_id}/epochs": {"post"},
     } == {path: set(ops) for path, ops in schema["paths"].items()}
 
 
 ENDPOINTS = [
     ("post", "/api/v1/occurrences"),
+    ("get", "/api/v1/occurrences?run_id=run-1&client_ref=call_0"),
     ("get", f"/api/v1/occurrences/{uuid.uuid4()}"),
+    ("post", f"/api/v1/occurrences/{uuid.uuid4()}/renew"),
+    ("get", "/api/v1/tools"),
+    ("get", "/api/v1/tools/issue_refund"),
+    ("post", "/api/v1/actions/canonicalize"),
     ("post", f"/api/v1/occurrences/{uuid.uuid4()}/token"),
     ("post", "/api/v1/claims"),
     ("get", "/api/v1/audit/events"),
+    ("get", f"/api/v1/commands/{uuid.uuid4()}"),
+    ("post", f"/api/v1/commands/{uuid.uuid4()}/effect"),
+    ("post", f"/api/v1/occurrences/{uuid.uuid4()}/epochs"),
 ]
 
 
@@ -633,9 +666,10 @@ def test_detail_reads_a_fixed_number_of_queries(
 ) -> None:
     runtime.claim(token, "exec-a")
 
-    # The key (with its tenant), the occurrence (with its tool), then one query each for
-    # proposals, approvals, commands and epochs: never one per row.
-    with django_assert_num_queries(6):
+    # The key (with its tenant), its rate-limit counter (one upsert), the occurrence (with
+    # its tool), then one query each for proposals, approvals, commands and epochs: never
+    # one per row.
+    with django_assert_num_queries(7):
         response = runtime.get(f"/api/v1/occurrences/{approved}")
 
     assert response.status_code == 200
@@ -646,8 +680,22 @@ def test_audit_stream_reads_a_fixed_number_of_queries_however_many_events(
 ) -> None:
     for n in range(30):
         runtime.propose(client_ref=f"ref-{n}")
+    # The key's first use is written down, and the export chains what is new before it
+    # answers: measure an export that has neither to do.
+    assert len(ndjson(runtime.get("/api/v1/audit/events"))) == 30
+    thirty: list[str] = []
 
-    with django_assert_num_queries(2):
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        thirty.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        ndjson(runtime.get("/api/v1/audit/events"))
+    for n in range(30, 60):
+        runtime.propose(client_ref=f"ref-{n}")
+    ndjson(runtime.get("/api/v1/audit/events?limit=1"))
+
+    with django_assert_num_queries(len(thirty)):
         events = ndjson(runtime.get("/api/v1/audit/events"))
 
-    assert len(events) == 30
+    assert len(events) == 60

@@ -61,8 +61,8 @@ def test_quorum_needs_both_the_argument_and_the_threshold() -> None:
 @pytest.mark.django_db
 def test_shipped_refund_contract_needs_two_approvers_only_above_500() -> None:
     refund = ToolContract.objects.get(name="issue_refund")
-    assert refund.approvals_needed({"amount_minor": 50000}) == 1
-    assert refund.approvals_needed({"amount_minor": 50001}) == 2
+    assert refund.approvals_needed({"amount_minor": 50000, "currency": "EUR"}) == 1
+    assert refund.approvals_needed({"amount_minor": 50001, "currency": "EUR"}) == 2
     assert ToolContract.objects.get(name="send_message").approvals_needed({}) == 1
 
 

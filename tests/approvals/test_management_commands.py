@@ -306,7 +306,10 @@ def test_revoke_by_fingerprint_revokes_that_approval_and_a_later_claim_is_revoke
     assert Occurrence.objects.get().status == Occurrence.Status.REVOKED
     claim = runtime.claim(token, "exec-a")
     assert claim.status_code == 403
-    assert claim.json() == {"decision": "revoked", "reason": "revoked_by_admin"}
+    assert {k: claim.json()[k] for k in ("decision", "reason")} == {
+        "decision": "revoked",
+        "reason": "revoked_by_admin",
+    }
 
 
 def test_revoke_by_fingerprint_leaves_other_approvals_alone(
@@ -441,3 +444,114 @@ def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(db:
     assert client.get("/api/v1/audit/events").status_code == 200
     assert Occurrence.objects.count() == 4
     assert RuntimeKey.objects.count() == 2
+
+
+# --- revoke_approvals: the filters of the console's bulk revocation, --dry-run ---------------
+
+
+def test_revoke_by_runtime_key_revokes_only_what_that_key_proposed(
+    three_approvals: dict[str, str], tenant: Tenant, reviewer: Any
+) -> None:
+    from tests.conftest import make_runtime
+
+    batch = make_runtime(tenant, "batch-agent")
+    theirs = batch.propose(arguments={**REFUND_ARGS, "payment_id": "pay_batch"}).json()
+    approve(theirs["occurrence_id"], reviewer)
+
+    output = run(
+        "revoke_approvals", "--tenant", "acme", "--runtime-key", "batch-agent", "--reason", "leak"
+    )
+
+    assert output.out.strip() == "Revoked 1 approval(s)."
+    assert Approval.objects.get(occurrence_id=theirs["occurrence_id"]).state == "revoked"
+    assert set(states(three_approvals).values()) == {"issued"}
+
+
+def test_revoke_issued_before_a_time_leaves_later_approvals(
+    three_approvals: dict[str, str],
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    early = timezone.now() - timedelta(minutes=10)
+    Approval.objects.filter(occurrence_id=three_approvals["refund"]).update(issued_at=early)
+    cutoff = (early + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")  # UTC, no offset
+
+    output = run(
+        "revoke_approvals", "--tenant", "acme", "--issued-before", cutoff, "--reason", "incident"
+    )
+
+    assert output.out.strip() == "Revoked 1 approval(s)."
+    assert states(three_approvals) == {"refund": "revoked", "message": "issued", "theirs": "issued"}
+
+
+def test_dry_run_prints_the_count_and_the_list_and_revokes_nothing(
+    three_approvals: dict[str, str],
+) -> None:
+    output = run("revoke_approvals", "--tenant", "acme", "--tool", "issue_refund", "--dry-run")
+
+    lines = output.out.splitlines()
+    assert lines[0] == "Would revoke 1 approval(s) (dry run: nothing changed)."
+    assert len(lines) == 2
+    approval = Approval.objects.get(occurrence_id=three_approvals["refund"])
+    assert "issue_refund" in lines[1] and "approver=rita" in lines[1]
+    assert "amount=EUR 80.00" in lines[1] and f"occurrence={approval.occurrence_id}" in lines[1]
+    assert approval.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") in lines[1]
+    assert set(states(three_approvals).values()) == {"issued"}
+    assert not AuditEvent.objects.filter(kind="approval.revoked").exists()
+
+
+def test_dry_run_by_fingerprint_names_the_approval(runtime: Runtime, token: str) -> None:
+    fingerprint = tokens.fingerprint(token)
+
+    output = run("revoke_approvals", "--fingerprint", fingerprint, "--dry-run")
+
+    assert output.out.splitlines()[0] == "Would revoke 1 approval(s) (dry run: nothing changed)."
+    assert output.out.splitlines()[1].startswith(fingerprint)
+    assert Approval.objects.get().state == Approval.State.ISSUED
+
+
+def test_revoking_a_consumed_approval_says_why_naming_its_command_and_effect(
+    runtime: Runtime, token: str
+) -> None:
+    from approvals.models import Command
+
+    runtime.claim(token, "exec-a")
+    command = Command.objects.get()
+
+    output = run("revoke_approvals", "--fingerprint", tokens.fingerprint(token), "--reason", "late")
+    dry = run("revoke_approvals", "--fingerprint", tokens.fingerprint(token), "--dry-run")
+
+    assert output.out.strip() == "Revoked 0 approval(s)."
+    for err in (output.err, dry.err):
+        assert "consumed by execution exec-a" in err
+        assert f"command {command.pk}" in err
+        assert f"{command.get_state_display().lower()} ({command.state})" in err
+    assert Approval.objects.get().state == Approval.State.CONSUMED
+
+
+def test_an_unknown_fingerprint_is_said_so(db: Any) -> None:
+    output = run("revoke_approvals", "--fingerprint", "0123456789abcdef", "--reason", "x")
+
+    assert output.out.strip() == "Revoked 0 approval(s)."
+    assert "No approval has the fingerprint '0123456789abcdef'" in output.err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tenant", "acme", "--runtime-key", "nope", "--reason", "x"], "No runtime key 'nope'"),
+        (["--tenant", "acme", "--issued-before", "yesterday", "--reason", "x"], "ISO 8601"),
+        (["--fingerprint", "abc", "--runtime-key", "agent", "--reason", "x"], "go with --tenant"),
+        (["--fingerprint", "abc", "--issued-before", "2025-01-01", "--reason", "x"], "--tenant"),
+        (["--tenant", "acme"], "--reason"),
+    ],
+)
+def test_revoke_refuses_unclear_new_filters_and_revokes_nothing(
+    three_approvals: dict[str, str], args: list[str], message: str
+) -> None:
+    with pytest.raises(CommandError, match=message):
+        run("revoke_approvals", *args)
+
+    assert set(states(three_approvals).values()) == {"issued"}

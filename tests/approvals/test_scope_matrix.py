@@ -75,9 +75,14 @@ def claim_expecting(
     assert response.status_code == (200 if admitted else 403), body
     assert body["decision"] == decision, body
     if admitted:
-        assert set(body) == {"decision", "command_id", "idempotency_key"}
+        assert set(body) == {"decision", "command_id", "idempotency_key", "executed_by"}
     else:
-        assert body == {"decision": decision, "reason": reason}
+        assert {k: body[k] for k in ("decision", "reason")} == {
+            "decision": decision,
+            "reason": reason,
+        }
+        assert body["error"]["code"] == decision
+        assert body["error"]["details"] == {"reason": reason}
 
     event = _claim_event(before)
     assert event.kind == f"claim.{decision}"
@@ -420,7 +425,7 @@ def test_admitted_claim_hands_back_the_command_exactly_as_stored(
     assert (event.command_id, event.message_id, event.data) == (
         command.id,
         "msg-a",
-        {"epoch": 1, "idempotency_key": command.idempotency_key},
+        {"epoch": 1, "idempotency_key": command.idempotency_key, "executed_by": "console"},
     )
 
 

@@ -11,4 +11,8 @@ def test_propose_approve_pickup_claim_then_replay(
     assert first.status_code == 200
     assert first.json()["decision"] == "approved"
     assert second.status_code == 403
-    assert second.json() == {"decision": "replayed", "reason": "consumed_by_other_execution"}
+    assert {k: second.json()[k] for k in ("decision", "reason")} == {
+        "decision": "replayed",
+        "reason": "consumed_by_other_execution",
+    }
+    assert second.json()["error"]["code"] == "replayed"

@@ -411,7 +411,7 @@ def test_consumed_state_names_the_execution_command_and_key(
     assert "exec-42" in panel
     assert str(command.pk) in panel
     assert command.idempotency_key in panel
-    assert "Pending dispatch" in panel
+    assert "Not sent" in panel and "Queued: the console will deliver it" in panel
     assert token not in page.source
 
 
@@ -603,7 +603,7 @@ def test_every_change_a_reviewer_must_see_ends_the_204s(
         expected = "consumed"
     elif change == "command state":
         # As a worker writes it: no audit event, and the occurrence is left alone.
-        Command.objects.filter(occurrence_id=occurrence_id).update(state=Command.State.SUCCEEDED)
+        Command.objects.filter(occurrence_id=occurrence_id).update(state=Command.State.COMMITTED)
         expected = "consumed"
     elif change == "revoked":
         services.approval_revoke(
@@ -620,7 +620,7 @@ def test_every_change_a_reviewer_must_see_ends_the_204s(
     assert state(page) == expected
     panel = " ".join(page.text("decision-panel").split())
     if change == "command state":
-        assert "Succeeded" in panel
+        assert "Committed" in panel
     if change.startswith("edited"):
         assert "Version 2 has replaced version 1" in panel
     if change == "reviewer added":

@@ -94,8 +94,8 @@ def test_approve_then_runtime_claim_turns_panel_consumed_without_reload(
 
     # The panel keeps polling while the command can still change, and shows its outcome
     # (here written as a worker would); once the command has settled, polling stops.
-    Command.objects.filter(pk=command_id).update(state=Command.State.SUCCEEDED)
-    expect(panel(page)).to_contain_text("Succeeded")
+    Command.objects.filter(pk=command_id).update(state=Command.State.COMMITTED)
+    expect(panel(page)).to_contain_text("Committed")
     page.wait_for_timeout(500)
     polls: list[str] = []
     page.on("request", lambda r: polls.append(r.url) if "/panel" in r.url else None)

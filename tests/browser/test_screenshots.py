@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from playwright.sync_api import Page, expect
 
 from approvals import services
 from approvals.models import Occurrence
+from reconciliation.dispatch import command_dispatch
 from tests.browser.conftest import VIEWPORT, login, open_review, panel, propose, wait_for_state
 from tests.conftest import Runtime, approve
+from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
 
 pytestmark = [
     pytest.mark.browser,
@@ -133,8 +136,17 @@ def _shoot(page: Page, path: Path) -> None:
     assert _png_size(path) == (VIEWPORT["width"], VIEWPORT["height"])
 
 
+@pytest.fixture
+def remote(tmp_path: Path, settings: Any) -> Iterator[SandboxProcess]:
+    """The sandbox payments API, so that the last picture shows the refund executed."""
+    with start_sandbox(tmp_path / "sandbox") as sandbox:
+        settings.PAYMENTS_URL = sandbox.url
+        settings.PAYMENTS_API_KEY = sandbox.api_key
+        yield sandbox
+
+
 def test_screenshots_of_one_review_flow(
-    page: Page, runtime: Runtime, reviewer: Any, tmp_path: Path
+    page: Page, runtime: Runtime, reviewer: Any, tmp_path: Path, remote: SandboxProcess
 ) -> None:
     out = DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
     refund = _seed_inbox(runtime, reviewer)
@@ -157,4 +169,9 @@ def test_screenshots_of_one_review_flow(
     assert claim.status_code == 200, claim.content
     wait_for_state(page, "consumed")
     expect(panel(page)).to_contain_text(claim.json()["command_id"])
+    # What a worker does next: deliver the command to the payments API, once.
+    command_dispatch(command_id=claim.json()["command_id"])
+    expect(panel(page)).to_contain_text("Committed: the remote did it.")
+    [executed] = remote.refunds()
+    expect(panel(page)).to_contain_text(executed["id"])
     _shoot(page, out / "review-consumed.png")

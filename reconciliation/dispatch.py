@@ -1,0 +1,528 @@
+"""Delivering a command to its adapter in atomic phases.
+
+1. Under the command's row lock, decide what this delivery may do and record it: an
+   ``AdapterInvocation`` row and the effect ``sending`` are committed *before* the call.
+2. Call the adapter outside any transaction.
+3. Record the result with a guarded update and its audit event.
+
+Every boundary is a place a worker can die (``reconciliation.faults``). A delivery that
+finds the command past ``pending`` calls nothing and records the redelivery; one that
+finds ``sending`` (a worker died mid-call) calls again only under a justification the
+tool contract gives (query the effect first, or the same key again), otherwise it stops
+at ``outcome_unknown`` for an operator.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.db import transaction
+from django.db.models import Max
+
+from approvals import metrics
+from approvals.models import Command, Epoch, ToolContract
+from approvals.services import audit_record, db_now
+from reconciliation import adapters
+from reconciliation.adapters.base import (
+    Call,
+    Committed,
+    Interrupted,
+    NotFound,
+    Rejected,
+    Unknown,
+)
+from reconciliation.faults import crash_point
+from reconciliation.models import AdapterInvocation, Interruption
+
+log = structlog.get_logger("reconciliation")
+
+State = Command.State
+Safety = ToolContract.ReplaySafety
+Kind = AdapterInvocation.Kind
+Outcome = AdapterInvocation.Outcome
+
+
+# What is known when a later delivery finds a call unfinished: its worker died, or the
+# broker handed the message on while the call was still running.
+_ABANDONED = (
+    "a later delivery found this call unfinished "
+    "(its worker died, or the call outlived the visibility timeout)"
+)
+
+
+class Why(enum.StrEnum):
+    """Why an invocation was allowed: recorded on every row."""
+
+    FIRST_DELIVERY = "first_delivery"
+    # Earlier calls of this epoch were refused before execution (nothing happened).
+    REFUSED_BEFORE_EXECUTION = "refused_before_execution"
+    # The effect query found no effect under the key, so nothing happened.
+    QUERIED_NOT_FOUND = "queried_not_found"
+    # The contract's replay safety, for a call whose first attempt may have happened.
+    EFFECT_QUERYABLE = "effect_queryable"
+    IDEMPOTENT_WITH_KEY = "idempotent_with_key"
+    READ_ONLY = "read_only"
+    # A later epoch's first delivery: the admission recorded why.
+    EPOCH_ADMITTED = "epoch_admitted"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the current phase decided: an invocation to perform, or nothing."""
+
+    command_id: uuid.UUID
+    invocation: AdapterInvocation | None = None
+    # Seconds until this command should be delivered again (a momentary refusal).
+    retry_in: float | None = None
+    note: str = ""
+
+
+def call_of(command: Command) -> Call:
+    proposal = command.approval.proposal if command.approval else None
+    arguments: dict[str, Any] = proposal.arguments if proposal else {}
+    return Call(
+        command_id=str(command.pk),
+        idempotency_key=command.idempotency_key,
+        tool=command.occurrence.tool.name,
+        arguments=arguments,
+        tenant_id=command.tenant_id,
+    )
+
+
+def _lock(command_id: uuid.UUID | str) -> Command | None:
+    return (
+        Command.objects.select_for_update(of=("self",))
+        .select_related("occurrence__tool", "approval__proposal")
+        .filter(pk=command_id)
+        .first()
+    )
+
+
+def current_epoch(command: Command) -> Epoch:
+    """The occurrence's newest epoch: the one this command is being delivered under."""
+    return Epoch.objects.filter(occurrence_id=command.occurrence_id).order_by(
+        "-number"
+    ).first() or (command.epoch)
+
+
+def _audit(command: Command, kind: str, *, message_id: str = "", **fields: Any) -> None:
+    data = fields.pop("data", {})
+    audit_record(
+        kind=kind,
+        tenant=command.tenant_id,
+        occurrence=command.occurrence_id,
+        actor="worker",
+        command_id=command.pk,
+        message_id=message_id,
+        execution_id=fields.pop("execution_id", command.execution_id),
+        data=data,
+        **fields,
+    )
+
+
+def invocation_open(
+    command: Command, *, kind: str, justification: str, message_id: str = ""
+) -> AdapterInvocation:
+    """The command's next invocation row, under the current epoch; call it under the
+    command's row lock, in the transaction that commits before the call is made."""
+    last = command.invocations.aggregate(n=Max("number"))["n"] or 0
+    return AdapterInvocation.objects.create(
+        command=command,
+        epoch=current_epoch(command),
+        number=last + 1,
+        kind=kind,
+        justification=justification,
+        message_id=message_id,
+        started_at=db_now(),
+    )
+
+
+def _start(
+    command: Command, *, kind: str, why: str, message_id: str, expect: str
+) -> AdapterInvocation:
+    """Commit the invocation row (and the effect ``sending``) before anything is called."""
+    epoch = current_epoch(command)
+    now = db_now()
+    # A row left unfinished by a worker that died is closed as abandoned: it happened,
+    # and its outcome is whatever the evidence later says, not nothing.
+    command.invocations.filter(finished_at__isnull=True).update(
+        finished_at=now, outcome=Outcome.ABANDONED, detail=_ABANDONED
+    )
+    invocation = invocation_open(command, kind=kind, justification=why, message_id=message_id)
+    metrics.dispatch_started(command, invocation.number, now)
+    if expect != State.SENDING:
+        moved = Command.objects.filter(pk=command.pk, state=expect).update(
+            state=State.SENDING, updated_at=now
+        )
+        assert moved == 1, "the row lock guarantees the state read under it"
+        _audit(
+            command,
+            "effect.sending",
+            message_id=message_id,
+            execution_id=epoch.execution_id,
+            decision=State.SENDING,
+            reason_code=why,
+            data={"invocation": invocation.number, "epoch": epoch.number, "kind": kind},
+        )
+    return invocation
+
+
+def _attempts(command: Command, epoch: Epoch) -> int:
+    return command.invocations.filter(epoch=epoch, kind=Kind.EXECUTE).count()
+
+
+def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
+    """Phase 1: decide what this delivery does, and commit that decision."""
+    with transaction.atomic():
+        command = _lock(command_id)
+        if command is None:
+            log.warning("dispatch.unknown_command", command_id=str(command_id))
+            return Plan(uuid.UUID(str(command_id)), note="no such command")
+        contract = command.occurrence.tool
+        pk = command.pk
+        if command.executed_by != Command.ExecutedBy.CONSOLE:
+            return Plan(pk, note="executed by the runtime")
+
+        if command.state == State.PENDING:
+            epoch = current_epoch(command)
+            attempts = _attempts(command, epoch)
+            if attempts >= contract.max_attempts:
+                # A sweep found a pending command whose retries are spent.
+                _settle(
+                    command,
+                    None,
+                    State.REJECTED,
+                    message_id=message_id,
+                    data={"why": f"{attempts} calls were refused before execution"},
+                )
+                return Plan(pk, note="attempts exhausted")
+            if attempts:
+                why = Why.REFUSED_BEFORE_EXECUTION
+            elif epoch.number > 1:
+                why = Why.EPOCH_ADMITTED
+            else:
+                why = Why.FIRST_DELIVERY
+            invocation = _start(
+                command, kind=Kind.EXECUTE, why=why, message_id=message_id, expect=State.PENDING
+            )
+            return Plan(pk, invocation)
+
+        if command.state == State.SENDING:
+            # The previous delivery's worker died, or is still in the call: either way a
+            # call may be in flight, and only the contract can justify another.
+            safety = contract.replay_safety
+            if safety == Safety.EFFECT_QUERYABLE:
+                invocation = _start(
+                    command,
+                    kind=Kind.QUERY,
+                    why=Why.EFFECT_QUERYABLE,
+                    message_id=message_id,
+                    expect=State.SENDING,
+                )
+                return Plan(pk, invocation)
+            attempts_left = _attempts(command, current_epoch(command)) < contract.max_attempts
+            if safety in (Safety.IDEMPOTENT_WITH_KEY, Safety.READ_ONLY) and attempts_left:
+                why = (
+                    Why.IDEMPOTENT_WITH_KEY
+                    if safety == Safety.IDEMPOTENT_WITH_KEY
+                    else Why.READ_ONLY
+                )
+                invocation = _start(
+                    command, kind=Kind.EXECUTE, why=why, message_id=message_id, expect=State.SENDING
+                )
+                return Plan(pk, invocation)
+            command.invocations.filter(finished_at__isnull=True).update(
+                finished_at=db_now(),
+                outcome=Outcome.ABANDONED,
+                detail=_ABANDONED,
+            )
+            _settle(
+                command,
+                None,
+                State.OUTCOME_UNKNOWN,
+                message_id=message_id,
+                data={
+                    "why": "a delivery found the command sending: the call may have reached "
+                    f"the remote, and the contract ({safety}) allows no second call. "
+                    "An operator must reconcile it."
+                },
+            )
+            return Plan(pk, note="stopped: outcome unknown")
+
+        # Past sending: this is a redelivery of a message whose work is done.
+        _audit(
+            command,
+            "dispatch.redelivered",
+            message_id=message_id,
+            decision="ignored",
+            reason_code=f"already_{command.state}",
+            data={"state": command.state},
+        )
+        return Plan(pk, note=f"redelivery: already {command.state}")
+
+
+def _settle(
+    command: Command,
+    invocation: AdapterInvocation | None,
+    state: str,
+    *,
+    message_id: str = "",
+    receipt: str = "",
+    data: dict[str, Any] | None = None,
+    reason_code: str = "",
+) -> None:
+    """A guarded transition of the effect to ``state``, with its audit event. Called under
+    the command's row lock."""
+    now = db_now()
+    moved = Command.objects.filter(pk=command.pk, state=command.state).update(
+        state=state, updated_at=now
+    )
+    assert moved == 1, "the row lock guarantees the state read under it"
+    event_data = {**(data or {})}
+    if invocation is not None:
+        event_data["invocation"] = invocation.number
+    if receipt:
+        event_data["receipt"] = receipt
+    _audit(
+        command,
+        f"effect.{state}",
+        message_id=message_id,
+        execution_id=current_epoch(command).execution_id,
+        decision=state,
+        reason_code=reason_code,
+        data=event_data,
+    )
+    command.state = state
+
+
+def _finish(
+    invocation: AdapterInvocation, outcome: str, *, receipt: str = "", detail: str = ""
+) -> None:
+    AdapterInvocation.objects.filter(pk=invocation.pk).update(
+        finished_at=db_now(), outcome=outcome, receipt=receipt[:200], detail=detail
+    )
+
+
+def _backoff(contract: ToolContract, attempts: int) -> float:
+    base: timedelta = contract.retry_backoff
+    return float(base.total_seconds() * (2 ** max(attempts - 1, 0)))
+
+
+def record(plan: Plan, result: Any) -> Plan:
+    """Phase 3: record what the call returned, under the row lock, guarded by the state
+    the call started from. May return the next invocation (an effect query after an
+    unknown outcome; a second call after the query found nothing)."""
+    invocation = plan.invocation
+    assert invocation is not None
+    with transaction.atomic():
+        command = _lock(plan.command_id)
+        assert command is not None
+        contract = command.occurrence.tool
+        fresh = AdapterInvocation.objects.get(pk=invocation.pk)
+        if command.state != State.SENDING or fresh.finished_at is not None:
+            # Another delivery settled the effect (or gave this call up) meanwhile: the
+            # answer is still evidence, kept on the row and in the audit trail.
+            detail = f"arrived after the effect was {command.state}: {_describe(result)}"
+            AdapterInvocation.objects.filter(pk=invocation.pk).update(
+                detail=(fresh.detail + "; " if fresh.detail else "") + detail,
+                receipt=getattr(result, "receipt", "")[:200] or fresh.receipt,
+            )
+            _audit(
+                command,
+                "effect.late_result",
+                message_id=invocation.message_id,
+                reason_code=_outcome_of(result),
+                data={"invocation": invocation.number, "result": _describe(result)},
+            )
+            return Plan(command.pk, note="late result")
+
+        epoch = current_epoch(command)
+        if isinstance(result, Committed):
+            _finish(invocation, Outcome.COMMITTED, receipt=result.receipt, detail=result.detail)
+            why = (
+                "the effect query found it"
+                if invocation.kind == Kind.QUERY
+                else "the remote confirmed it"
+            )
+            _settle(
+                command,
+                invocation,
+                State.COMMITTED,
+                message_id=invocation.message_id,
+                receipt=result.receipt,
+                reason_code=invocation.justification,
+                data={"why": why},
+            )
+            return Plan(command.pk)
+
+        if isinstance(result, NotFound):
+            _finish(invocation, Outcome.NOT_FOUND, detail=result.detail)
+            if _attempts(command, epoch) >= contract.max_attempts:
+                _settle(
+                    command,
+                    invocation,
+                    State.OUTCOME_UNKNOWN,
+                    message_id=invocation.message_id,
+                    reason_code="attempts_exhausted",
+                    data={"why": "no effect under the key, and no attempt is left"},
+                )
+                return Plan(command.pk)
+            nxt = _start(
+                command,
+                kind=Kind.EXECUTE,
+                why=Why.QUERIED_NOT_FOUND,
+                message_id=invocation.message_id,
+                expect=State.SENDING,
+            )
+            return Plan(command.pk, nxt)
+
+        if isinstance(result, Interrupted):
+            _finish(invocation, Outcome.INTERRUPTED, detail=result.detail)
+            interruption = Interruption.objects.create(
+                command=command,
+                epoch=epoch,
+                invocation=invocation,
+                kind=Interruption.Kind.AUTH_CHALLENGE,
+                challenges=list(result.challenges),
+                detail=result.detail,
+            )
+            # A 401 is the remote refusing before execution: the effect is known rejected.
+            _settle(
+                command,
+                invocation,
+                State.REJECTED,
+                message_id=invocation.message_id,
+                reason_code="auth_challenge",
+                data={
+                    "why": "the remote asked for authentication",
+                    "interruption": interruption.pk,
+                },
+            )
+            _audit(
+                command,
+                "recovery.interrupted",
+                message_id=invocation.message_id,
+                execution_id=epoch.execution_id,
+                decision="interrupted",
+                reason_code=Interruption.Kind.AUTH_CHALLENGE,
+                data={
+                    "interruption": interruption.pk,
+                    "challenges": list(result.challenges),
+                    "epoch": epoch.number,
+                },
+            )
+            return Plan(command.pk, note="interrupted")
+
+        if isinstance(result, Rejected):
+            _finish(invocation, Outcome.REJECTED, detail=result.reason)
+            attempts = _attempts(command, epoch)
+            if result.retryable and attempts < contract.max_attempts:
+                delay = _backoff(contract, attempts)
+                # Nothing happened, so the command goes back to the outbox.
+                now = db_now()
+                Command.objects.filter(pk=command.pk, state=State.SENDING).update(
+                    state=State.PENDING, updated_at=now
+                )
+                _audit(
+                    command,
+                    "effect.retry_scheduled",
+                    message_id=invocation.message_id,
+                    execution_id=epoch.execution_id,
+                    decision=State.PENDING,
+                    reason_code=Why.REFUSED_BEFORE_EXECUTION,
+                    data={
+                        "invocation": invocation.number,
+                        "why": result.reason,
+                        "attempt": attempts,
+                        "of": contract.max_attempts,
+                        "retry_in_seconds": delay,
+                    },
+                )
+                return Plan(command.pk, retry_in=delay)
+            _settle(
+                command,
+                invocation,
+                State.REJECTED,
+                message_id=invocation.message_id,
+                reason_code="refused_before_execution",
+                data={"why": result.reason},
+            )
+            return Plan(command.pk)
+
+        assert isinstance(result, Unknown)
+        _finish(invocation, Outcome.OUTCOME_UNKNOWN, detail=result.why)
+        if contract.replay_safety == Safety.EFFECT_QUERYABLE and invocation.kind == Kind.EXECUTE:
+            # Ask before anything else: the remote knows whether the effect exists.
+            nxt = _start(
+                command,
+                kind=Kind.QUERY,
+                why=Why.EFFECT_QUERYABLE,
+                message_id=invocation.message_id,
+                expect=State.SENDING,
+            )
+            return Plan(command.pk, nxt)
+        _settle(
+            command,
+            invocation,
+            State.OUTCOME_UNKNOWN,
+            message_id=invocation.message_id,
+            reason_code="ambiguous",
+            data={"why": result.why},
+        )
+        return Plan(command.pk)
+
+
+def _outcome_of(result: Any) -> str:
+    return {
+        Committed: Outcome.COMMITTED,
+        Rejected: Outcome.REJECTED,
+        Unknown: Outcome.OUTCOME_UNKNOWN,
+        Interrupted: Outcome.INTERRUPTED,
+        NotFound: Outcome.NOT_FOUND,
+    }[type(result)].value
+
+
+def _describe(result: Any) -> str:
+    if isinstance(result, Committed):
+        return f"committed, receipt {result.receipt}"
+    if isinstance(result, Rejected):
+        return f"rejected: {result.reason}"
+    if isinstance(result, Interrupted):
+        return f"interrupted: {result.detail}"
+    if isinstance(result, NotFound):
+        return "no effect found"
+    return f"unknown: {result.why}"
+
+
+def perform(plan: Plan) -> Any:
+    """Phase 2: the call itself, outside any transaction."""
+    invocation = plan.invocation
+    assert invocation is not None
+    command = Command.objects.select_related("occurrence__tool", "approval__proposal").get(
+        pk=plan.command_id
+    )
+    adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
+    if adapter is None:
+        return Rejected(f"the console has no adapter named {command.occurrence.tool.adapter!r}")
+    call = call_of(command)
+    if invocation.kind == Kind.QUERY:
+        return adapter.query_effect(call)
+    return adapter.execute(call)
+
+
+def command_dispatch(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
+    """Deliver one command: the phases in order, until nothing is left to call.
+
+    Returns the last plan; its ``retry_in`` asks the caller to deliver again later."""
+    plan = begin(command_id=command_id, message_id=message_id)
+    while plan.invocation is not None:
+        crash_point("before_call", str(plan.command_id))
+        result = perform(plan)
+        crash_point("after_call", str(plan.command_id))
+        plan = record(plan, result)
+    return plan

@@ -1,0 +1,57 @@
+"""The investigation page: from one id (token fingerprint, execution, command or
+occurrence) to the joined chain of evidence and a verdict. Operators and admins of a tenant
+see their tenants' records only; everyone else is refused."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from approvals.views import console_login_required
+from reconciliation import investigations
+
+TEMPLATE = "reconciliation/investigation.html"
+
+
+@require_GET
+@console_login_required
+def investigation(request: HttpRequest) -> HttpResponse:
+    access = investigations.investigator_access(request.user)
+    if not access.tenant_ids:
+        raise PermissionDenied("Only operators and admins of a tenant can investigate.")
+    read = investigations.query_read(request.GET.get("q", ""))
+    here = reverse("reconciliation:investigations")
+    if read.fingerprint_of_token:
+        # Never keep a raw token in the address bar, the history or the page.
+        messages.warning(
+            request,
+            "You searched with a raw approval token: it was replaced by its fingerprint and "
+            "is not shown. Treat the token as exposed, and revoke it if it is still issued.",
+        )
+        return redirect(f"{here}?{urlencode({'q': read.fingerprint_of_token})}")
+    if read.refusal:
+        messages.error(request, read.refusal)
+        return redirect(here)
+    context = {
+        "is_operator": bool(access.operator_tenant_ids),
+        "is_admin_somewhere": bool(access.admin_tenant_ids),
+        "q": read.q,
+    }
+    if read.q:
+        found = investigations.investigation_get(q=read.q, tenant_ids=access.tenant_ids)
+        context["found"] = found.found
+        if found.found:
+            context.update(
+                investigations.investigation_page(
+                    found,
+                    operator_tenant_ids=access.operator_tenant_ids,
+                    show_tenant=len(access.tenant_ids) > 1,
+                )
+            )
+    return render(request, TEMPLATE, context)

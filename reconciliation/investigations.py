@@ -1,0 +1,1282 @@
+"""Investigations: from one id to the joined chain of evidence, and a verdict.
+
+An investigator names a token fingerprint, an execution id, a command id or an occurrence
+id. ``investigation_get`` finds what it names in the investigator's tenants and gathers the
+chain around it (issuance, every claim decision with its producer event id, executions,
+queue message ids, commands, adapter invocations, effects, and the audit events other
+producers sent, with their duplicate deliveries) in a fixed number of queries, whatever
+the number of rows. It turns them into plain ``Facts``.
+
+``assess`` is a pure function of those facts. It names the stories the evidence supports,
+worst first, each with the facts it rests on, and says what the evidence cannot tell:
+
+* control failure: one fingerprint, approved decisions for two or more executions;
+* idempotent execution failure: one command, two or more distinct receipts at the adapter;
+* duplicated audit delivery: one producer event id delivered to the audit trail twice;
+* healthy redelivery: one execution, a claim or a command delivered again, one command;
+* control working: one approved execution, attempts by other executions refused.
+
+``investigation_page`` shapes both for the template.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Prefetch, Q
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from approvals import tokens
+from approvals.models import (
+    Approval,
+    AuditDuplicateDelivery,
+    AuditEvent,
+    Command,
+    Membership,
+    Occurrence,
+    Proposal,
+)
+from approvals.presenters import MoneyLine, money_lines, reveal_html
+from approvals.selectors import effective_approval_state, parse_uuid
+from reconciliation.models import AdapterInvocation, OperatorDecision
+
+# --- who may investigate ------------------------------------------------------------------
+
+INVESTIGATOR_ROLES = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
+
+
+@dataclass(frozen=True)
+class InvestigatorAccess:
+    """The tenants where a user is an operator or an admin, read in one query."""
+
+    operator_tenant_ids: frozenset[int]
+    admin_tenant_ids: frozenset[int]
+
+    @property
+    def tenant_ids(self) -> list[int]:
+        return sorted(self.operator_tenant_ids | self.admin_tenant_ids)
+
+
+def investigator_access(user: Any) -> InvestigatorAccess:
+    if not user.is_authenticated:
+        return InvestigatorAccess(frozenset(), frozenset())
+    rows = Membership.objects.filter(user_id=user.pk, role__in=INVESTIGATOR_ROLES).values_list(
+        "tenant_id", "role"
+    )
+    operator: set[int] = set()
+    admin: set[int] = set()
+    for tenant_id, role in rows:
+        (operator if role == Membership.Role.OPERATOR else admin).add(tenant_id)
+    return InvestigatorAccess(frozenset(operator), frozenset(admin))
+
+
+# --- what was asked -------------------------------------------------------------------------
+
+QUERY_MAX_CHARS = 200  # the longest execution id
+_RAW_TOKEN = re.compile(re.escape(tokens.APPROVAL_TOKEN_PREFIX) + r"[A-Za-z0-9_-]{16,}")
+
+
+@dataclass(frozen=True)
+class QueryRead:
+    """The search box's text as the investigation uses it. A raw approval token is never
+    searched for nor shown: its fingerprint is (``fingerprint_of_token``); a runtime key
+    is refused."""
+
+    q: str
+    refusal: str = ""
+    fingerprint_of_token: str = ""
+
+
+def query_read(raw: str) -> QueryRead:
+    text = (raw or "").strip()
+    token = _RAW_TOKEN.search(text)
+    if token:
+        return QueryRead("", fingerprint_of_token=tokens.fingerprint(token.group(0)))
+    if text.startswith(tokens.RUNTIME_KEY_PREFIX) and len(text) > 20:
+        return QueryRead(
+            "",
+            refusal="That looks like a runtime key. It was not searched for and is not shown; "
+            "treat it as exposed and deactivate it if it is real.",
+        )
+    if len(text) > QUERY_MAX_CHARS:
+        return QueryRead("", refusal=f"Search for one id of at most {QUERY_MAX_CHARS} characters.")
+    return QueryRead(text)
+
+
+# --- the facts (plain values: what ``assess`` reads) -------------------------------------
+
+APPROVED = "approved"
+DUPLICATE_DELIVERY = "duplicate_delivery"
+REPLAYED = "replayed"
+REFUSALS = ("replayed", "scope_mismatch", "expired", "revoked", "unknown_token")
+# Kinds other producers use for a claim decision (the background article's among them).
+_CLAIM_KINDS = ("approval_decision", "approval_claimed")
+REDELIVERED_KIND = "dispatch.redelivered"
+COMMITTED_KIND = "effect.committed"
+# Invocation kinds whose receipt names an effect under the command's key (a compensation's
+# receipt names the reversal, another thing).
+_EFFECT_INVOCATION_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
+# A later delivery that found the command sending and called again, by the contract.
+_RESUMING_JUSTIFICATIONS = ("effect_queryable", "idempotent_with_key", "read_only")
+_UNSETTLED_STATES = (Command.State.OUTCOME_UNKNOWN, Command.State.SENDING)
+
+
+@dataclass(frozen=True)
+class EventFact:
+    pk: int
+    event_id: str  # the producer's
+    kind: str
+    tenant_id: int
+    source_time: datetime
+    fingerprint: str = ""
+    decision: str = ""
+    reason_code: str = ""
+    execution_id: str = ""
+    message_id: str = ""
+    command_id: str = ""
+    occurrence_id: str = ""
+    actor: str = ""
+    receipt: str = ""  # an effect event's receipt, if it names one
+    ingestion_id: int | None = None  # None: written by this console
+    ingested_at: datetime | None = None
+
+    @property
+    def is_claim(self) -> bool:
+        return self.kind.startswith("claim") or self.kind in _CLAIM_KINDS
+
+    @property
+    def is_approved_claim(self) -> bool:
+        return self.is_claim and self.decision == APPROVED
+
+    @property
+    def origin(self) -> str:
+        if self.ingestion_id is None:
+            return "written by this console"
+        return f"ingested in batch #{self.ingestion_id}"
+
+
+@dataclass(frozen=True)
+class ApprovalFact:
+    tenant_id: int
+    occurrence_id: str
+    fingerprint: str  # "" until the token was picked up
+    state: str  # as it stands now (an issued approval past its expiry is expired)
+    consumed_by_execution: str = ""
+    command_id: str = ""
+    approver: str = ""
+    issued_at: datetime | None = None
+    expires_at: datetime | None = None
+    delivered_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CommandFact:
+    pk: str
+    tenant_id: int
+    occurrence_id: str
+    execution_id: str
+    state: str
+    idempotency_key: str = ""
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class InvocationFact:
+    command_id: str
+    number: int
+    kind: str
+    outcome: str = ""
+    receipt: str = ""
+    justification: str = ""
+    message_id: str = ""
+    execution_id: str = ""  # its epoch's
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DecisionFact:
+    command_id: str
+    action: str
+    operator: str
+    finding: str = ""
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DeliveryFact:
+    """A later delivery of a stored producer event (``AuditDuplicateDelivery``)."""
+
+    original_pk: int
+    event_id: str
+    ingestion_id: int
+    received_at: datetime
+    line: int
+    same_payload: bool
+
+
+@dataclass(frozen=True)
+class Facts:
+    approvals: tuple[ApprovalFact, ...] = ()
+    commands: tuple[CommandFact, ...] = ()
+    invocations: tuple[InvocationFact, ...] = ()
+    decisions: tuple[DecisionFact, ...] = ()
+    events: tuple[EventFact, ...] = ()
+    deliveries: tuple[DeliveryFact, ...] = ()
+    # Events in the chain; ``events`` may hold fewer (the newest, and every decisive one).
+    events_total: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.approvals or self.commands or self.events)
+
+
+# --- the verdict (a pure function of the facts) -------------------------------------------
+
+CONTROL_FAILURE = "control_failure"
+IDEMPOTENT_EXECUTION_FAILURE = "idempotent_execution_failure"
+DUPLICATED_AUDIT_DELIVERY = "duplicated_audit_delivery"
+HEALTHY_REDELIVERY = "healthy_redelivery"
+CONTROL_WORKING = "control_working"
+
+
+@dataclass(frozen=True)
+class Story:
+    label: str
+    tone: str  # alarm, warn, ok
+    meaning: str
+
+
+# Worst first: the order verdicts are listed in.
+STORIES: dict[str, Story] = {
+    CONTROL_FAILURE: Story(
+        "Control failure",
+        "alarm",
+        "One approval authorized more than one execution: the single-use claim did not hold.",
+    ),
+    IDEMPOTENT_EXECUTION_FAILURE: Story(
+        "Idempotent execution failure",
+        "alarm",
+        "Authorization held, but one command had more than one effect at the adapter: its "
+        "idempotency key did not stop a second effect.",
+    ),
+    DUPLICATED_AUDIT_DELIVERY: Story(
+        "Duplicated audit delivery",
+        "warn",
+        "One producer event reached the audit trail more than once. It records one decision: "
+        "counting rows would overstate what happened.",
+    ),
+    HEALTHY_REDELIVERY: Story(
+        "Healthy redelivery",
+        "ok",
+        "A claim or a command was delivered again and resolved to the existing command: one "
+        "execution, one command, no second effect.",
+    ),
+    CONTROL_WORKING: Story(
+        "Control working",
+        "ok",
+        "The approval authorized one execution; other executions that presented it were "
+        "refused as replays.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    code: str
+    facts: tuple[str, ...]
+
+    @property
+    def story(self) -> Story:
+        return STORIES[self.code]
+
+    @property
+    def label(self) -> str:
+        return self.story.label
+
+    @property
+    def tone(self) -> str:
+        return self.story.tone
+
+
+@dataclass(frozen=True)
+class Assessment:
+    verdicts: tuple[Verdict, ...]  # worst first
+    gaps: tuple[str, ...]  # what the evidence cannot tell
+    summary: str
+
+    @property
+    def codes(self) -> list[str]:
+        return [v.code for v in self.verdicts]
+
+    @property
+    def insufficient(self) -> bool:
+        return not self.verdicts and bool(self.gaps)
+
+    @property
+    def tone(self) -> str:
+        if self.verdicts:
+            return self.verdicts[0].tone
+        return "wait" if self.gaps else "ok"
+
+
+def short(value: str) -> str:
+    """A UUID's first 8 characters, for sentences; tables show it whole."""
+    return value[:8] if len(value) == 36 else value
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
+def _plural(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _listing(items: list[str], most: int = 5) -> str:
+    shown = items[:most]
+    rest = len(items) - len(shown)
+    return "; ".join(shown) + (f"; and {rest} more" if rest else "")
+
+
+def _at(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "an unknown time"
+
+
+FpKey = tuple[int, str]
+
+
+@dataclass
+class _Index:
+    """The facts looked up the ways the rules need them."""
+
+    facts: Facts
+    commands: dict[str, CommandFact] = field(default_factory=dict)
+    invocations: dict[str, list[InvocationFact]] = field(default_factory=lambda: defaultdict(list))
+    decisions: dict[str, list[DecisionFact]] = field(default_factory=lambda: defaultdict(list))
+    # fingerprint -> execution -> what says it was approved for it
+    approved: dict[FpKey, dict[str, list[str]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
+    approved_commands: dict[FpKey, set[str]] = field(default_factory=lambda: defaultdict(set))
+    console_approved: dict[FpKey, set[str]] = field(default_factory=lambda: defaultdict(set))
+    unnamed_approved: Counter[FpKey] = field(default_factory=Counter)
+    no_fingerprint_approved: int = 0
+    # command -> receipt -> where it was seen
+    receipts: dict[str, dict[str, list[str]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
+
+    def command_fingerprint(self, command_id: str) -> FpKey | None:
+        command = self.commands.get(command_id)
+        if command is not None and command.fingerprint:
+            return (command.tenant_id, command.fingerprint)
+        for key, commands in self.approved_commands.items():
+            if command_id in commands:
+                return key
+        return None
+
+
+def _index(facts: Facts) -> _Index:
+    index = _Index(facts)
+    index.commands = {c.pk: c for c in facts.commands}
+    for invocation in sorted(facts.invocations, key=lambda i: (i.command_id, i.number)):
+        index.invocations[invocation.command_id].append(invocation)
+        if invocation.kind in _EFFECT_INVOCATION_KINDS and invocation.receipt:
+            outcome = invocation.outcome or "unfinished"
+            index.receipts[invocation.command_id][invocation.receipt].append(
+                f"invocation {invocation.number}, {invocation.kind}, {outcome}"
+            )
+    for decision in facts.decisions:
+        index.decisions[decision.command_id].append(decision)
+    for event in facts.events:
+        if event.is_approved_claim:
+            if not event.fingerprint:
+                index.no_fingerprint_approved += 1
+                continue
+            key = (event.tenant_id, event.fingerprint)
+            if not event.execution_id:
+                index.unnamed_approved[key] += 1
+                continue
+            command = f", command {short(event.command_id)}" if event.command_id else ""
+            index.approved[key][event.execution_id].append(
+                f"{event.kind} (producer event {short(event.event_id)}, {event.origin}{command})"
+            )
+            if event.command_id:
+                index.approved_commands[key].add(event.command_id)
+        if event.kind == COMMITTED_KIND and event.receipt and event.command_id:
+            index.receipts[event.command_id][event.receipt].append(
+                f"{event.kind} event {short(event.event_id)}"
+            )
+    for approval in facts.approvals:
+        if approval.fingerprint and approval.consumed_by_execution:
+            key = (approval.tenant_id, approval.fingerprint)
+            command = f", command {short(approval.command_id)}" if approval.command_id else ""
+            index.approved[key][approval.consumed_by_execution].append(
+                f"the approval row is consumed by it{command}"
+            )
+            index.console_approved[key].add(approval.consumed_by_execution)
+            if approval.command_id:
+                index.approved_commands[key].add(approval.command_id)
+    return index
+
+
+def _control_failure(index: _Index) -> list[str]:
+    facts: list[str] = []
+    for key, executions in sorted(index.approved.items()):
+        if len(executions) < 2:
+            continue
+        fingerprint = key[1]
+        facts.append(
+            f"Fingerprint {fingerprint} has approved decisions for "
+            f"{_plural(len(executions), 'execution')}: {', '.join(sorted(executions))}."
+        )
+        for execution, sources in sorted(executions.items()):
+            facts.append(f"{execution}: {_listing(sources)}.")
+        commands = sorted(index.approved_commands.get(key, set()))
+        if len(commands) > 1:
+            facts.append(
+                f"{_plural(len(commands), 'command')} came of it: "
+                f"{', '.join(short(c) for c in commands)}."
+            )
+        console = index.console_approved.get(key, set())
+        if console and set(executions) - console:
+            others = ", ".join(sorted(set(executions) - console))
+            facts.append(
+                f"This console's own claim admitted only {', '.join(sorted(console))}; the "
+                f"approval of {others} is recorded by another producer, so that claim ran "
+                "outside this console's guard."
+            )
+    return facts
+
+
+def _idempotent_failure(index: _Index) -> tuple[list[str], set[str]]:
+    facts: list[str] = []
+    failed: set[str] = set()
+    for command_id, receipts in sorted(index.receipts.items()):
+        if len(receipts) < 2:
+            continue
+        failed.add(command_id)
+        command = index.commands.get(command_id)
+        key = (
+            f" (idempotency key {command.idempotency_key})"
+            if command and command.idempotency_key
+            else ""
+        )
+        seen = [f"{receipt} ({'; '.join(where)})" for receipt, where in receipts.items()]
+        facts.append(
+            f"Command {short(command_id)}{key}: {len(receipts)} distinct receipts under one "
+            f"key: {_listing(seen)}."
+        )
+        calls = [i for i in index.invocations.get(command_id, []) if i.kind == "execute"]
+        if calls:
+            facts.append(f"The adapter was asked to execute it {_times(len(calls))}.")
+        for call in calls:
+            if call.outcome == AdapterInvocation.Outcome.ABANDONED and call.receipt:
+                facts.append(
+                    f"Invocation {call.number} was given up as abandoned, yet its answer "
+                    f"arrived later with receipt {call.receipt}: that call reached the remote."
+                )
+        for decision in index.decisions.get(command_id, []):
+            if decision.action == OperatorDecision.Action.ACCEPT_AMBIGUITY:
+                facts.append(
+                    f"{decision.operator} accepted the ambiguity at {_at(decision.created_at)}: "
+                    "a duplicate was possible, and was accepted."
+                )
+    return facts, failed
+
+
+def _duplicated_delivery(facts: Facts) -> list[str]:
+    lines: list[str] = []
+    later: dict[int, list[DeliveryFact]] = defaultdict(list)
+    for delivery in facts.deliveries:
+        later[delivery.original_pk].append(delivery)
+    rows = Counter((e.tenant_id, e.event_id) for e in facts.events)
+    described: set[tuple[int, str]] = set()
+    for event in facts.events:
+        key = (event.tenant_id, event.event_id)
+        again = later.get(event.pk, [])
+        if key in described or (not again and rows[key] < 2):
+            continue
+        described.add(key)
+        what = ", ".join(x for x in (event.kind, event.decision, event.execution_id) if x)
+        copies = rows[key] + len(again)
+        first = (
+            f"stored once from batch #{event.ingestion_id} at {_at(event.ingested_at)}"
+            if event.ingestion_id is not None
+            else f"written by this console at {_at(event.ingested_at or event.source_time)}"
+        )
+        repeats = [
+            f"batch #{d.ingestion_id} at {_at(d.received_at)} (line {d.line}, "
+            f"{'same content' if d.same_payload else 'different content'})"
+            for d in again
+        ]
+        if rows[key] > 1:
+            repeats.append(f"{rows[key]} stored rows carry this id")
+        lines.append(
+            f"Producer event {event.event_id} ({what}) was delivered {_times(copies)}: "
+            f"{first}; again in {_listing(repeats)}."
+        )
+        if any(not d.same_payload for d in again):
+            lines.append(
+                f"A later delivery of {short(event.event_id)} says something else than the "
+                "stored event: its producer reused an event id; ask that producer."
+            )
+    if lines:
+        lines.append(
+            "Each producer event is counted once here: the copies are one decision each, "
+            "not several."
+        )
+    return lines
+
+
+def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str]) -> list[str]:
+    facts = index.facts
+    command_ids = set(index.commands)
+    for commands in index.approved_commands.values():
+        command_ids |= commands
+    lines: list[str] = []
+    for command_id in sorted(command_ids):
+        if command_id in failed:
+            continue
+        key = index.command_fingerprint(command_id)
+        if key in excluded_fps:
+            continue
+        command = index.commands.get(command_id)
+        executions = {
+            e.execution_id
+            for e in facts.events
+            if e.is_approved_claim and e.command_id == command_id and e.execution_id
+        }
+        if command is not None:
+            executions.add(command.execution_id)
+        if len(executions) != 1:
+            continue
+        [execution] = executions
+        duplicates = [
+            e
+            for e in facts.events
+            if e.is_claim
+            and e.decision == DUPLICATE_DELIVERY
+            and (
+                e.command_id == command_id
+                or (
+                    not e.command_id
+                    and key is not None
+                    and (e.tenant_id, e.fingerprint) == key
+                    and e.execution_id == execution
+                )
+            )
+        ]
+        redelivered = [
+            e for e in facts.events if e.kind == REDELIVERED_KIND and e.command_id == command_id
+        ]
+        invocations = index.invocations.get(command_id, [])
+        resumed = [i for i in invocations if i.justification in _RESUMING_JUSTIFICATIONS]
+        if not (duplicates or redelivered or resumed):
+            continue
+        if duplicates:
+            lines.append(
+                f"Execution {execution} claimed the token {_times(len(duplicates) + 1)}: "
+                f"approved once, then duplicate_delivery {_times(len(duplicates))}, answered "
+                f"with the same command {short(command_id)}."
+            )
+        if redelivered:
+            states = sorted({e.reason_code.removeprefix("already_") for e in redelivered})
+            lines.append(
+                f"The queue delivered command {short(command_id)} again "
+                f"{_times(len(redelivered))} ({REDELIVERED_KIND}); its effect was already "
+                f"{' or '.join(s for s in states if s) or 'settled'}, so nothing was called."
+            )
+        if resumed:
+            reasons = ", ".join(sorted({i.justification for i in resumed}))
+            lines.append(
+                f"{_plural(len(resumed), 'later delivery', 'later deliveries')} found the "
+                f"command sending and called under the contract's justification ({reasons}), "
+                "with the same key."
+            )
+        claims = [e for e in facts.events if e.is_claim and e.command_id == command_id]
+        messages = sorted(
+            {i.message_id for i in invocations if i.message_id}
+            | {e.message_id for e in claims + redelivered + duplicates if e.message_id}
+        )
+        if len(messages) > 1:
+            lines.append(f"Queue message ids: {', '.join(messages)}.")
+        receipts = sorted(index.receipts.get(command_id, {}))
+        state = f"effect {command.state}" if command else "effect not recorded by this console"
+        receipt = f", receipt {receipts[0]}" if receipts else ""
+        lines.append(
+            f"One command ({short(command_id)}); the adapter was called "
+            f"{_times(len(invocations)) if invocations else 'never'}; {state}{receipt}."
+        )
+    return lines
+
+
+def _control_working(index: _Index, excluded_fps: set[FpKey]) -> list[str]:
+    lines: list[str] = []
+    for key, executions in sorted(index.approved.items()):
+        if key in excluded_fps or len(executions) != 1 or index.unnamed_approved.get(key):
+            continue
+        [execution] = executions
+        refused = [
+            e
+            for e in index.facts.events
+            if e.is_claim
+            and (e.tenant_id, e.fingerprint) == key
+            and e.decision in REFUSALS
+            and e.execution_id != execution
+        ]
+        replays = [e for e in refused if e.decision == REPLAYED]
+        if not replays:
+            continue
+        commands = sorted(index.approved_commands.get(key, set()))
+        command = f" (command {short(commands[0])})" if len(commands) == 1 else ""
+        lines.append(f"Fingerprint {key[1]} was approved once, for execution {execution}{command}.")
+        attempts = [
+            f"{e.execution_id or 'an unnamed execution'} at {_at(e.source_time)}"
+            f" ({e.decision}{', ' + e.reason_code if e.reason_code else ''})"
+            for e in replays
+        ]
+        lines.append(
+            f"{_plural(len(replays), 'attempt')} by other executions refused as replayed: "
+            f"{_listing(attempts)}."
+        )
+        others = [e for e in refused if e.decision != REPLAYED]
+        if others:
+            lines.append(
+                f"Also refused: {_listing([f'{e.execution_id} ({e.decision})' for e in others])}."
+            )
+        if len(commands) <= 1:
+            lines.append("No second command was created.")
+    return lines
+
+
+def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
+    facts = index.facts
+    gaps: list[str] = []
+    if facts.events_total > len(facts.events):
+        gaps.append(
+            f"The chain has {facts.events_total} audit events; this reads the newest "
+            f"{len(facts.events)} and every approved decision and committed effect, so older "
+            "refusals and redeliveries may be missing from the counts."
+        )
+    for (_, fingerprint), n in sorted(index.unnamed_approved.items()):
+        gaps.append(
+            f"{_plural(n, 'approved decision')} for fingerprint {fingerprint} name no "
+            "execution: one execution cannot be told from several."
+        )
+    if index.no_fingerprint_approved:
+        gaps.append(
+            f"{_plural(index.no_fingerprint_approved, 'approved decision')} carry no token "
+            "fingerprint, so they cannot be tied to an approval."
+        )
+    for command in facts.commands:
+        if command.state in _UNSETTLED_STATES:
+            gaps.append(
+                f"The effect of command {short(command.pk)} is {command.state.replace('_', ' ')}: "
+                "whether the adapter acted, once or more, is not known. Query the effect or "
+                "reconcile it."
+            )
+    for command_id, decisions in sorted(index.decisions.items()):
+        accepted = [d for d in decisions if d.action == OperatorDecision.Action.ACCEPT_AMBIGUITY]
+        calls = [i for i in index.invocations.get(command_id, []) if i.kind == "execute"]
+        if accepted and len(calls) > 1 and len(index.receipts.get(command_id, {})) < 2:
+            blind = [i for i in calls if not i.receipt]
+            if blind:
+                gaps.append(
+                    f"{accepted[-1].operator} accepted the ambiguity on command "
+                    f"{short(command_id)} and it was executed again; invocation "
+                    f"{blind[0].number} ended {blind[0].outcome or 'unfinished'} without a "
+                    "receipt, so a second effect can be neither proven nor ruled out from "
+                    "these records. The remote's own records can tell."
+                )
+    committed: dict[str, set[str]] = defaultdict(set)
+    for event in facts.events:
+        if event.kind == COMMITTED_KIND and event.command_id and not event.receipt:
+            committed[event.command_id].add(event.event_id)
+    for command_id, ids in sorted(committed.items()):
+        if len(ids) > 1:
+            gaps.append(
+                f"{len(ids)} {COMMITTED_KIND} events for command {short(command_id)} carry no "
+                "receipt: one effect reported twice cannot be told from two effects."
+            )
+    claimed = {(e.tenant_id, e.fingerprint) for e in facts.events if e.is_claim}
+    for approval in facts.approvals:
+        key = (approval.tenant_id, approval.fingerprint)
+        if approval.consumed_by_execution or (approval.fingerprint and key in claimed):
+            continue
+        if approval.fingerprint:
+            gaps.append(
+                f"No claim of fingerprint {approval.fingerprint} is recorded: the approval is "
+                f"{approval.state}, so there is nothing to judge yet."
+            )
+        else:
+            gaps.append(
+                f"The approval of occurrence {short(approval.occurrence_id)} is "
+                f"{approval.state} and its token was never picked up: it has no fingerprint "
+                "and no claim yet."
+            )
+    if not verdicts and not gaps and not index.approved:
+        refused = Counter(e.decision or "no decision" for e in facts.events if e.is_claim)
+        if refused:
+            tally = ", ".join(f"{n} {decision}" for decision, n in sorted(refused.items()))
+            gaps.append(
+                f"No claim here was approved ({tally}): no execution was authorized, so "
+                "there is no replay or redelivery to judge."
+            )
+        else:
+            gaps.append("No claim decision is recorded here, so there is nothing to judge.")
+    return gaps
+
+
+def assess(facts: Facts) -> Assessment:
+    """The verdicts the facts support, worst first, with what each rests on, and what the
+    facts cannot tell. Pure: no database, no clock."""
+    index = _index(facts)
+    verdicts: list[Verdict] = []
+
+    failure = _control_failure(index)
+    failed_fps = {key for key, executions in index.approved.items() if len(executions) > 1}
+    if failure:
+        verdicts.append(Verdict(CONTROL_FAILURE, tuple(failure)))
+    duplicated_effects, failed_commands = _idempotent_failure(index)
+    if duplicated_effects:
+        verdicts.append(Verdict(IDEMPOTENT_EXECUTION_FAILURE, tuple(duplicated_effects)))
+    delivered_twice = _duplicated_delivery(facts)
+    if delivered_twice:
+        verdicts.append(Verdict(DUPLICATED_AUDIT_DELIVERY, tuple(delivered_twice)))
+    healthy = _healthy_redelivery(index, failed_fps, failed_commands)
+    if healthy:
+        verdicts.append(Verdict(HEALTHY_REDELIVERY, tuple(healthy)))
+    working = _control_working(index, failed_fps)
+    if working:
+        verdicts.append(Verdict(CONTROL_WORKING, tuple(working)))
+
+    gaps = _gaps(index, verdicts)
+    if verdicts:
+        summary = verdicts[0].story.meaning
+        if len(verdicts) > 1:
+            summary += " Also: " + ", ".join(v.label.lower() for v in verdicts[1:]) + "."
+    elif gaps:
+        summary = "The evidence is insufficient for a verdict: see what it cannot tell, below."
+    else:
+        summary = (
+            "None of the five stories: one approved execution, one command, and nothing "
+            "replayed, delivered twice or executed twice."
+        )
+    return Assessment(tuple(verdicts), tuple(gaps), summary)
+
+
+# --- gathering the facts (a fixed number of queries) --------------------------------------
+
+# Bounds that keep one page's work bounded when an id names very many things.
+SEED_LIMIT = 200
+OCCURRENCE_LIMIT = 50
+EVENT_LIMIT = 500
+DECISIVE_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Investigation:
+    query: str
+    facts: Facts
+    occurrences: list[Occurrence]
+    events: list[AuditEvent]  # as shown in the chain, oldest first
+    invocations: list[AdapterInvocation]
+    commands: list[Command]
+    limited: bool  # the id named more occurrences than one page gathers
+
+    @property
+    def found(self) -> bool:
+        return not self.facts.empty or bool(self.occurrences)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def investigation_get(
+    *, q: str, tenant_ids: list[int], now: datetime | None = None
+) -> Investigation:
+    """What ``q`` names in ``tenant_ids`` and the chain around it.
+
+    ``q`` is matched exactly against token fingerprints and execution ids (of audit events
+    and approvals) and, when it is a UUID, occurrence and command ids (of the console's
+    rows, and of events other producers sent). What matches gives the occurrences,
+    fingerprints and commands whose records are then read together."""
+    now = now or timezone.now()
+    pk = parse_uuid(q) if q else None
+    empty = Investigation(q, Facts(), [], [], [], [], False)
+    if not q or not tenant_ids:
+        return empty
+
+    # 1. What the id names: the audit trail (indexed by tenant and fingerprint, tenant and
+    # execution, occurrence), approvals by fingerprint, commands by id.
+    named = Q(token_fingerprint=q) | Q(execution_id=q)
+    if pk is not None:
+        # Other producers' events may name a command the console does not hold; the
+        # console's own command events carry their occurrence.
+        named |= Q(occurrence_id=pk) | Q(command_id=pk, ingestion__isnull=False)
+    seeds = list(
+        AuditEvent.objects.filter(tenant_id__in=tenant_ids)
+        .filter(named)
+        .order_by()
+        .values_list("token_fingerprint", "occurrence_id", "command_id")
+        .distinct()[:SEED_LIMIT]
+    )
+    approval_named = Q(fingerprint=q) | (Q(occurrence_id=pk) if pk is not None else Q())
+    seed_approvals = list(
+        Approval.objects.filter(tenant_id__in=tenant_ids)
+        .filter(approval_named)
+        .order_by()
+        .values_list("occurrence_id", "fingerprint")[:SEED_LIMIT]
+    )
+    seed_commands: list[tuple[uuid.UUID, uuid.UUID]] = []
+    if pk is not None:
+        seed_commands = list(
+            Command.objects.filter(tenant_id__in=tenant_ids)
+            .filter(Q(pk=pk) | Q(occurrence_id=pk))
+            .order_by()
+            .values_list("pk", "occurrence_id")[:SEED_LIMIT]
+        )
+    occurrence_ids = {o for _, o, _ in seeds if o} | {o for o, _ in seed_approvals}
+    occurrence_ids |= {o for _, o in seed_commands} | ({pk} if pk is not None else set())
+    fingerprints = {f for f, _, _ in seeds if f} | {f for _, f in seed_approvals if f}
+    command_ids = {c for _, _, c in seeds if c} | {c for c, _ in seed_commands}
+
+    # 2. The approvals of those occurrences and fingerprints, then the occurrences.
+    approvals = list(
+        Approval.objects.filter(tenant_id__in=tenant_ids)
+        .filter(Q(occurrence_id__in=occurrence_ids) | Q(fingerprint__in=fingerprints))
+        .select_related("approver")
+        .order_by("issued_at", "pk")[:SEED_LIMIT]
+    )
+    occurrence_ids |= {a.occurrence_id for a in approvals}
+    fingerprints |= {a.fingerprint for a in approvals if a.fingerprint}
+    ranked = sorted(occurrence_ids, key=str)
+    occurrences: list[Occurrence] = list(
+        Occurrence.objects.filter(tenant_id__in=tenant_ids, pk__in=ranked[:OCCURRENCE_LIMIT])
+        .select_related("tool", "tenant")
+        .prefetch_related(
+            Prefetch(
+                "proposals",
+                queryset=Proposal.objects.filter(is_current=True),
+                to_attr="current_proposals",
+            )
+        )
+        .order_by("created_at")
+    )
+    limited = len(ranked) > OCCURRENCE_LIMIT
+    occurrence_ids = {o.pk for o in occurrences}
+
+    # 3. Commands, their adapter invocations and the operators' decisions about them.
+    commands = list(
+        Command.objects.filter(tenant_id__in=tenant_ids)
+        .filter(Q(occurrence_id__in=occurrence_ids) | Q(pk__in=command_ids))
+        .order_by("created_at")[:SEED_LIMIT]
+    )
+    console_command_ids = [c.pk for c in commands]
+    command_ids |= set(console_command_ids)
+    invocations = list(
+        AdapterInvocation.objects.filter(command_id__in=console_command_ids)
+        .select_related("epoch")
+        .order_by("command_id", "number")
+    )
+    decisions = list(
+        OperatorDecision.objects.filter(command_id__in=console_command_ids).order_by(
+            "created_at", "pk"
+        )
+    )
+
+    # 4. The audit events of all of it: every approved decision and committed effect (what
+    # the verdict cannot do without), and the newest others; then their later deliveries.
+    chain = AuditEvent.objects.filter(tenant_id__in=tenant_ids).filter(
+        named
+        | Q(occurrence_id__in=occurrence_ids)
+        | Q(token_fingerprint__in=fingerprints)
+        | Q(command_id__in=command_ids, ingestion__isnull=False)
+    )
+    total = chain.count()
+    decisive = list(
+        chain.filter(Q(decision=APPROVED) | Q(kind=COMMITTED_KIND)).order_by("id")[:DECISIVE_LIMIT]
+    )
+    newest = list(chain.order_by("-id")[:EVENT_LIMIT])
+    events = sorted({e.pk: e for e in decisive + newest}.values(), key=lambda e: e.pk)
+    deliveries = list(
+        AuditDuplicateDelivery.objects.filter(
+            tenant_id__in=tenant_ids, original_id__in=[e.pk for e in events]
+        )
+        .select_related("ingestion")
+        .order_by("id")
+    )
+
+    command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
+    fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}
+    facts = Facts(
+        approvals=tuple(
+            ApprovalFact(
+                tenant_id=a.tenant_id,
+                occurrence_id=str(a.occurrence_id),
+                fingerprint=a.fingerprint,
+                state=effective_approval_state(a.state, a.expires_at, now),
+                consumed_by_execution=a.consumed_by_execution,
+                command_id=_text(getattr(command_of_approval.get(a.pk), "pk", None)),
+                approver=a.approver.get_username(),
+                issued_at=a.issued_at,
+                expires_at=a.expires_at,
+                delivered_at=a.delivered_at,
+            )
+            for a in approvals
+        ),
+        commands=tuple(
+            CommandFact(
+                pk=str(c.pk),
+                tenant_id=c.tenant_id,
+                occurrence_id=str(c.occurrence_id),
+                execution_id=c.execution_id,
+                state=c.state,
+                idempotency_key=c.idempotency_key,
+                fingerprint=fingerprint_of_approval.get(c.approval_id or 0, ""),
+            )
+            for c in commands
+        ),
+        invocations=tuple(
+            InvocationFact(
+                command_id=str(i.command_id),
+                number=i.number,
+                kind=i.kind,
+                outcome=i.outcome,
+                receipt=i.receipt,
+                justification=i.justification,
+                message_id=i.message_id,
+                execution_id=i.epoch.execution_id,
+                started_at=i.started_at,
+            )
+            for i in invocations
+        ),
+        decisions=tuple(
+            DecisionFact(
+                command_id=str(d.command_id),
+                action=d.action,
+                operator=d.operator,
+                finding=d.finding,
+                created_at=d.created_at,
+            )
+            for d in decisions
+        ),
+        events=tuple(event_fact(e) for e in events),
+        deliveries=tuple(
+            DeliveryFact(
+                original_pk=d.original_id,
+                event_id=str(d.event_id),
+                ingestion_id=d.ingestion_id,
+                received_at=d.ingestion.received_at,
+                line=d.line,
+                same_payload=d.same_payload,
+            )
+            for d in deliveries
+        ),
+        events_total=total,
+    )
+    return Investigation(q, facts, occurrences, events, invocations, commands, limited)
+
+
+def event_fact(event: AuditEvent) -> EventFact:
+    data = event.data if isinstance(event.data, dict) else {}
+    receipt = data.get("receipt") if event.kind.startswith("effect.") else None
+    return EventFact(
+        pk=event.pk,
+        event_id=str(event.event_id),
+        kind=event.kind,
+        tenant_id=event.tenant_id,
+        source_time=event.source_time,
+        fingerprint=event.token_fingerprint,
+        decision=event.decision,
+        reason_code=event.reason_code,
+        execution_id=event.execution_id,
+        message_id=event.message_id,
+        command_id=_text(event.command_id),
+        occurrence_id=_text(event.occurrence_id),
+        actor=event.actor,
+        receipt=receipt if isinstance(receipt, str) else "",
+        ingestion_id=event.ingestion_id,
+        ingested_at=event.ingested_at,
+    )
+
+
+# --- the page -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainRow:
+    at: datetime
+    kind: str
+    outcome: str
+    fingerprint: str
+    execution: SafeString
+    message: SafeString
+    command_id: str
+    event_id: str  # the producer's; "" for an adapter invocation (a row, not an event)
+    origin: str
+    deliveries: int  # times the event reached the audit trail
+    flag: str  # security, redelivery, approved, duplicate, effect or ""
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class CommandRow:
+    command: Command
+    occurrence_url: str
+    execution: SafeString
+    invocations: int
+    by_kind: str
+    receipts: list[str]
+    messages: list[str]
+
+
+@dataclass(frozen=True)
+class ApprovalRow:
+    fact: ApprovalFact
+    occurrence: Occurrence | None
+    occurrence_url: str
+    consumed_by: SafeString
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    event_id: str
+    kind: str
+    execution: SafeString
+    first: str  # where and when the stored copy came from
+    again: str  # the later delivery: batch, time, line
+    same_payload: bool
+
+
+@dataclass(frozen=True)
+class OccurrenceLink:
+    occurrence: Occurrence
+    url: str
+    money: list[MoneyLine]
+
+
+@dataclass(frozen=True)
+class Count:
+    one: str
+    many: str
+    value: int
+    values: list[str]  # what was counted, for the title
+
+    @property
+    def label(self) -> str:
+        return self.one if self.value == 1 else self.many
+
+
+def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:
+    """The operators' timeline for operators; the review page for admins."""
+    if tenant_id in set(operator_tenant_ids):
+        return reverse("reconciliation:timeline", args=[occurrence_id])
+    return reverse("approvals:review", args=[occurrence_id])
+
+
+def _event_outcome(event: AuditEvent, receipt: str) -> str:
+    parts = [p for p in (event.decision, event.reason_code) if p]
+    text = " · ".join(dict.fromkeys(parts))
+    if receipt:
+        text += f" · receipt {receipt}"
+    return text
+
+
+def _event_flag(event: AuditEvent, deliveries: int) -> str:
+    if deliveries > 1:
+        return "duplicate"
+    if event.decision in REFUSALS:
+        return "security"
+    if event.decision == DUPLICATE_DELIVERY or event.kind == REDELIVERED_KIND:
+        return "redelivery"
+    if event.decision == APPROVED:
+        return "approved"
+    if event.kind.startswith("effect."):
+        return "effect"
+    return ""
+
+
+def chain_rows(found: Investigation, tenant_names: dict[int, str]) -> list[ChainRow]:
+    later = Counter(d.original_pk for d in found.facts.deliveries)
+    facts = {f.pk: f for f in found.facts.events}
+    rows: list[tuple[datetime, int, ChainRow]] = []
+    for event in found.events:
+        fact = facts[event.pk]
+        deliveries = 1 + later.get(event.pk, 0)
+        rows.append(
+            (
+                event.source_time,
+                event.pk,
+                ChainRow(
+                    at=event.source_time,
+                    kind=event.kind,
+                    outcome=_event_outcome(event, fact.receipt),
+                    fingerprint=event.token_fingerprint,
+                    execution=reveal_html(event.execution_id),
+                    message=reveal_html(event.message_id),
+                    command_id=_text(event.command_id),
+                    event_id=str(event.event_id),
+                    origin="console"
+                    if event.ingestion_id is None
+                    else f"batch #{event.ingestion_id}",
+                    deliveries=deliveries,
+                    flag=_event_flag(event, deliveries),
+                    tenant=tenant_names.get(event.tenant_id, ""),
+                ),
+            )
+        )
+    tenant_of_command = {c.pk: c.tenant_id for c in found.commands}
+    for invocation in found.invocations:
+        outcome = invocation.outcome or "unfinished"
+        if invocation.receipt:
+            outcome += f" · receipt {invocation.receipt}"
+        rows.append(
+            (
+                invocation.started_at,
+                0,
+                ChainRow(
+                    at=invocation.started_at,
+                    kind=f"invocation.{invocation.kind} #{invocation.number}",
+                    outcome=f"{outcome} · {invocation.justification}",
+                    fingerprint="",
+                    execution=reveal_html(invocation.epoch.execution_id),
+                    message=reveal_html(invocation.message_id),
+                    command_id=str(invocation.command_id),
+                    event_id="",
+                    origin="adapter",
+                    deliveries=1,
+                    flag="effect" if invocation.receipt else "",
+                    tenant=tenant_names.get(tenant_of_command.get(invocation.command_id, 0), ""),
+                ),
+            )
+        )
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return [row for _, _, row in rows]
+
+
+def delivery_rows(found: Investigation) -> list[DeliveryRow]:
+    events = {e.pk: e for e in found.facts.events}
+    rows = []
+    for delivery in found.facts.deliveries:
+        event = events[delivery.original_pk]
+        first = (
+            f"batch #{event.ingestion_id}, {_at(event.ingested_at)}"
+            if event.ingestion_id is not None
+            else f"this console, {_at(event.ingested_at)}"
+        )
+        rows.append(
+            DeliveryRow(
+                event_id=delivery.event_id,
+                kind=event.kind,
+                execution=reveal_html(event.execution_id),
+                first=first,
+                again=f"batch #{delivery.ingestion_id}, {_at(delivery.received_at)}, "
+                f"line {delivery.line}",
+                same_payload=delivery.same_payload,
+            )
+        )
+    return rows
+
+
+def investigation_page(
+    found: Investigation, *, operator_tenant_ids: Iterable[int], show_tenant: bool
+) -> dict[str, Any]:
+    """What the template shows: the verdict first, then the chain and its parts."""
+    operators = set(operator_tenant_ids)
+    facts = found.facts
+    assessment = assess(facts)
+    occurrences = {o.pk: o for o in found.occurrences}
+    tenant_names = {o.tenant_id: o.tenant.name for o in found.occurrences} if show_tenant else {}
+    links = [
+        OccurrenceLink(
+            o,
+            occurrence_url(o.pk, o.tenant_id, operators),
+            money_lines(o.current_proposals[0].arguments) if o.current_proposals else [],  # type: ignore[attr-defined]
+        )
+        for o in found.occurrences
+    ]
+    url_of = {link.occurrence.pk: link.url for link in links}
+    by_command: dict[uuid.UUID, list[AdapterInvocation]] = defaultdict(list)
+    for invocation in found.invocations:
+        by_command[invocation.command_id].append(invocation)
+    command_rows = []
+    for command in found.commands:
+        calls = by_command.get(command.pk, [])
+        kinds = Counter(i.kind for i in calls)
+        command_rows.append(
+            CommandRow(
+                command=command,
+                occurrence_url=url_of.get(command.occurrence_id)
+                or occurrence_url(command.occurrence_id, command.tenant_id, operators),
+                execution=reveal_html(command.execution_id),
+                invocations=len(calls),
+                by_kind=", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())),
+                receipts=sorted({i.receipt for i in calls if i.receipt}),
+                messages=sorted({i.message_id for i in calls if i.message_id}),
+            )
+        )
+    approval_rows = []
+    for approval in facts.approvals:
+        occurrence_id = uuid.UUID(approval.occurrence_id)
+        occurrence = occurrences.get(occurrence_id)
+        approval_rows.append(
+            ApprovalRow(
+                approval,
+                occurrence,
+                url_of.get(occurrence_id)
+                or occurrence_url(occurrence_id, approval.tenant_id, operators),
+                reveal_html(approval.consumed_by_execution),
+            )
+        )
+    executions = sorted(
+        {e.execution_id for e in facts.events if e.execution_id}
+        | {c.execution_id for c in facts.commands}
+    )
+    messages = sorted(
+        {e.message_id for e in facts.events if e.message_id}
+        | {i.message_id for i in facts.invocations if i.message_id}
+    )
+    fingerprints = sorted(
+        {a.fingerprint for a in facts.approvals if a.fingerprint}
+        | {e.fingerprint for e in facts.events if e.fingerprint}
+    )
+    commands = sorted(
+        {c.pk for c in facts.commands} | {e.command_id for e in facts.events if e.command_id}
+    )
+    effects = Counter(c.state for c in facts.commands)
+    counts = [
+        Count("fingerprint", "fingerprints", len(fingerprints), fingerprints),
+        Count("execution", "executions", len(executions), executions),
+        Count("queue message id", "queue message ids", len(messages), messages),
+        Count("command", "commands", len(commands), commands),
+        Count("adapter invocation", "adapter invocations", len(facts.invocations), []),
+        Count("audit event", "audit events", facts.events_total, []),
+        Count("duplicate delivery", "duplicate deliveries", len(facts.deliveries), []),
+    ]
+    return {
+        "assessment": assessment,
+        "occurrence_links": links,
+        "approval_rows": approval_rows,
+        "command_rows": command_rows,
+        "chain": chain_rows(found, tenant_names),
+        "deliveries": delivery_rows(found),
+        "counts": counts,
+        "effects": [
+            (state, Command.State(state).label.lower(), n) for state, n in sorted(effects.items())
+        ],
+        "limited": found.limited,
+        "show_tenant": show_tenant,
+        "events_shown": len(found.events),
+        "events_total": facts.events_total,
+    }

@@ -1,0 +1,394 @@
+"""Operator decisions about a command's effect: each one explicit, named and recorded, and
+refused when the state no longer allows it (a guarded update: of two operators at once,
+one wins and the other is told what happened).
+
+Nothing here re-uses an approval: a decision that allows another attempt admits a new
+epoch of the occurrence (``reconciliation.services.epoch_admit``) and names itself as the
+reason; the approval stays consumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from approvals.models import Command, Epoch, Occurrence
+from approvals.services import ServiceError, audit_record, db_now
+from reconciliation import adapters
+from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
+from reconciliation.dispatch import call_of, current_epoch, invocation_open
+from reconciliation.models import AdapterInvocation, OperatorDecision
+from reconciliation.services import epoch_admit, last_finding
+
+State = Command.State
+Action = OperatorDecision.Action
+Finding = OperatorDecision.Finding
+
+# Where each action may start from. A state outside its set means another operator (or the
+# worker) got there first: the action is refused and the page shows the new state.
+ALLOWED_FROM: dict[str, tuple[str, ...]] = {
+    Action.QUERY_EFFECT: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING, State.REJECTED),
+    Action.RECONCILE: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING),
+    Action.ACCEPT_AMBIGUITY: (State.OUTCOME_UNKNOWN, State.SENDING),
+    Action.RETRY: (State.PENDING, State.REJECTED, State.RECONCILED),
+    Action.COMPENSATE: (State.COMMITTED, State.RECONCILED),
+}
+
+
+class Refused(ServiceError):
+    """The command's state no longer allows the action."""
+
+
+@dataclass(frozen=True)
+class Done:
+    decision: OperatorDecision
+    message: str
+    epoch: Epoch | None = None
+
+
+def _require_note(note: str) -> str:
+    note = (note or "").strip()
+    if not note:
+        raise ServiceError("note_required", "Write a note: it is recorded with the decision.", 422)
+    return note
+
+
+def _lock(command_id: Any) -> Command:
+    """Lock the occurrence, then the command: the order every epoch admission takes, so
+    that an operator's decision and a runtime's epoch request never deadlock."""
+    occurrence_id = Command.objects.filter(pk=command_id).values("occurrence_id")
+    Occurrence.objects.select_for_update(of=("self",)).filter(pk__in=occurrence_id).first()
+    command = (
+        Command.objects.select_for_update(of=("self",))
+        .select_related("occurrence__tool", "approval__proposal")
+        .filter(pk=command_id)
+        .first()
+    )
+    if command is None:
+        raise ServiceError("not_found", "No such command.", 404)
+    return command
+
+
+def _refuse_unless(command: Command, action: str) -> None:
+    if command.state not in ALLOWED_FROM[action]:
+        raise Refused(
+            "state_changed",
+            f"Refused: the effect is now {command.get_state_display().lower()}, which does "
+            f"not allow “{Action(action).label.lower()}”. Nothing was recorded.",
+            409,
+        )
+
+
+def _record(
+    command: Command,
+    *,
+    action: str,
+    operator: str,
+    note: str,
+    state_after: str,
+    finding: str = "",
+    evidence: str = "",
+    data: dict[str, Any] | None = None,
+) -> OperatorDecision:
+    """The decision row, the guarded move of the effect, and the audit event, under the
+    command's row lock."""
+    before = command.state
+    if state_after != before:
+        moved = Command.objects.filter(pk=command.pk, state=before).update(
+            state=state_after, updated_at=db_now()
+        )
+        assert moved == 1, "the row lock guarantees the state read under it"
+    decision = OperatorDecision.objects.create(
+        command=command,
+        action=action,
+        finding=finding,
+        evidence=evidence[:500],
+        note=note,
+        operator=operator,
+        state_before=before,
+        state_after=state_after,
+    )
+    audit_record(
+        kind=f"operator.{action}",
+        tenant=command.tenant_id,
+        occurrence=command.occurrence_id,
+        actor=operator,
+        decision=finding or action,
+        reason_code=action,
+        execution_id=current_epoch(command).execution_id,
+        command_id=command.pk,
+        data={
+            "decision": decision.pk,
+            "finding": finding,
+            "evidence": evidence,
+            "note": note,
+            "state_before": before,
+            "state_after": state_after,
+            **(data or {}),
+        },
+    )
+    command.state = state_after
+    return decision
+
+
+def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
+    """Ask the adapter whether the effect exists under the command's key, and record the
+    answer as effect evidence: committed (with the receipt), or not found."""
+    note = _require_note(note)
+    with transaction.atomic():
+        command = _lock(command_id)
+        _refuse_unless(command, Action.QUERY_EFFECT)
+        adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
+        if adapter is None or not adapter.can_query:
+            raise ServiceError(
+                "cannot_query",
+                "This tool's adapter cannot be asked about an effect: reconcile it by hand.",
+                409,
+            )
+        invocation = invocation_open(
+            command, kind=AdapterInvocation.Kind.QUERY, justification="operator_query"
+        )
+        seen = command.state
+        call = call_of(command)
+    # The question goes out outside any transaction, like every adapter call.
+    result = adapter.query_effect(call)
+    with transaction.atomic():
+        command = _lock(command_id)
+        outcome = {
+            Committed: AdapterInvocation.Outcome.COMMITTED,
+            NotFound: AdapterInvocation.Outcome.NOT_FOUND,
+            Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
+        }.get(type(result), AdapterInvocation.Outcome.OUTCOME_UNKNOWN)
+        receipt = result.receipt if isinstance(result, Committed) else ""
+        detail = getattr(result, "detail", "") or getattr(result, "why", "")
+        AdapterInvocation.objects.filter(pk=invocation.pk).update(
+            finished_at=db_now(), outcome=outcome, receipt=receipt, detail=detail
+        )
+        if command.state != seen:
+            raise Refused(
+                "state_changed",
+                f"The effect changed to {command.get_state_display().lower()} while the "
+                "adapter was asked; its answer is kept on the invocation, nothing else.",
+                409,
+            )
+        if isinstance(result, Committed):
+            decision = _record(
+                command,
+                action=Action.QUERY_EFFECT,
+                operator=operator,
+                note=note,
+                finding=Finding.COMMITTED,
+                evidence=receipt,
+                state_after=State.COMMITTED,
+                data={"receipt": receipt, "invocation": invocation.number},
+            )
+            return Done(decision, f"The adapter found the effect: committed, receipt {receipt}.")
+        if isinstance(result, NotFound):
+            decision = _record(
+                command,
+                action=Action.QUERY_EFFECT,
+                operator=operator,
+                note=note,
+                finding=Finding.NOT_COMMITTED,
+                evidence=detail,
+                state_after=State.RECONCILED,
+                data={"invocation": invocation.number},
+            )
+            return Done(
+                decision,
+                "The adapter has no effect under this key: reconciled as not committed. "
+                "A retry is now justified.",
+            )
+        why = result.why if isinstance(result, Unknown) else getattr(result, "detail", "")
+        if isinstance(result, Rejected):
+            why = result.reason
+        decision = _record(
+            command,
+            action=Action.QUERY_EFFECT,
+            operator=operator,
+            note=note,
+            state_after=command.state,
+            evidence=why,
+            data={"invocation": invocation.number, "answer": why},
+        )
+        return Done(decision, f"The adapter could not tell: {why}. Nothing changed.")
+
+
+def command_reconcile(
+    *, command_id: Any, operator: str, note: str, outcome: str, evidence: str
+) -> Done:
+    """Record by hand, with evidence, that the effect is committed or not."""
+    note = _require_note(note)
+    evidence = (evidence or "").strip()
+    if outcome not in (Finding.COMMITTED, Finding.NOT_COMMITTED):
+        raise ServiceError("outcome_required", "Choose committed or not committed.", 422)
+    if not evidence:
+        raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
+    with transaction.atomic():
+        command = _lock(command_id)
+        _refuse_unless(command, Action.RECONCILE)
+        decision = _record(
+            command,
+            action=Action.RECONCILE,
+            operator=operator,
+            note=note,
+            finding=outcome,
+            evidence=evidence,
+            state_after=State.RECONCILED,
+        )
+    label = "committed" if outcome == Finding.COMMITTED else "not committed"
+    return Done(decision, f"Reconciled as {label}.")
+
+
+def _admit(command: Command, decision: OperatorDecision, operator: str, note: str) -> Epoch:
+    return epoch_admit(
+        command=command,
+        execution_id=f"operator-epoch-{decision.pk}",
+        decided_by=operator,
+        reason=note,
+        decision=decision,
+    )
+
+
+def command_accept_ambiguity(*, command_id: Any, operator: str, note: str) -> Done:
+    """The operator states that a duplicate is possible and accepted: a new epoch is
+    admitted, linked to this decision, and the command is delivered again (same key)."""
+    note = _require_note(note)
+    with transaction.atomic():
+        command = _lock(command_id)
+        _refuse_unless(command, Action.ACCEPT_AMBIGUITY)
+        decision = _record(
+            command,
+            action=Action.ACCEPT_AMBIGUITY,
+            operator=operator,
+            note=note,
+            state_after=command.state,
+        )
+        epoch = _admit(command, decision, operator, note)
+    return Done(
+        decision,
+        f"Ambiguity accepted: epoch {epoch.number} is admitted and the command is delivered "
+        "again under the same key.",
+        epoch,
+    )
+
+
+def command_retry(*, command_id: Any, operator: str, note: str) -> Done:
+    """Admit a new epoch where the evidence already justifies it: not sent, rejected before
+    execution, or reconciled as not committed."""
+    note = _require_note(note)
+    with transaction.atomic():
+        command = _lock(command_id)
+        _refuse_unless(command, Action.RETRY)
+        if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
+            raise Refused(
+                "not_justified",
+                "The effect was reconciled as committed: a retry would duplicate it.",
+                409,
+            )
+        decision = _record(
+            command, action=Action.RETRY, operator=operator, note=note, state_after=command.state
+        )
+        epoch = _admit(command, decision, operator, note)
+    return Done(
+        decision,
+        f"Retry admitted as epoch {epoch.number}, justified by "
+        f"“{epoch.get_justification_display()}”.",
+        epoch,
+    )
+
+
+def command_compensate(
+    *, command_id: Any, operator: str, note: str, manual_evidence: str = ""
+) -> Done:
+    """Undo a committed effect: the adapter's compensation (the payments reversal), or a
+    compensation done elsewhere and recorded with its evidence."""
+    note = _require_note(note)
+    with transaction.atomic():
+        command = _lock(command_id)
+        _refuse_unless(command, Action.COMPENSATE)
+        if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
+            raise Refused(
+                "not_committed",
+                "The effect was reconciled as not committed: there is nothing to compensate.",
+                409,
+            )
+        if manual_evidence.strip():
+            decision = _record(
+                command,
+                action=Action.COMPENSATE,
+                operator=operator,
+                note=note,
+                finding=Finding.COMPENSATED,
+                evidence=manual_evidence.strip(),
+                state_after=State.COMPENSATED,
+                data={"method": "manual"},
+            )
+            return Done(decision, "Compensation recorded.")
+        adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
+        if adapter is None or not adapter.can_compensate:
+            raise ServiceError(
+                "cannot_compensate",
+                "This tool's adapter cannot compensate: do it elsewhere and record it with "
+                "its evidence.",
+                409,
+            )
+        receipt = (
+            AdapterInvocation.objects.filter(command=command)
+            .exclude(receipt="")
+            .order_by("-number")
+            .values_list("receipt", flat=True)
+            .first()
+        ) or ""
+        if not receipt:
+            raise ServiceError(
+                "no_receipt",
+                "No receipt of the effect is recorded, so the adapter cannot name what to "
+                "reverse: record a manual compensation.",
+                409,
+            )
+        invocation = invocation_open(
+            command, kind=AdapterInvocation.Kind.COMPENSATE, justification="operator_compensation"
+        )
+        seen = command.state
+        call = call_of(command)
+    result = adapter.compensate(call, receipt)
+    with transaction.atomic():
+        command = _lock(command_id)
+        done = isinstance(result, Committed)
+        AdapterInvocation.objects.filter(pk=invocation.pk).update(
+            finished_at=db_now(),
+            outcome=AdapterInvocation.Outcome.COMMITTED
+            if done
+            else (AdapterInvocation.Outcome.OUTCOME_UNKNOWN),
+            receipt=result.receipt if isinstance(result, Committed) else "",
+            detail=getattr(result, "detail", "")
+            or getattr(result, "why", "")
+            or getattr(result, "reason", ""),
+        )
+        if command.state != seen:
+            raise Refused(
+                "state_changed",
+                f"The effect changed to {command.get_state_display().lower()} meanwhile; the "
+                "adapter's answer is kept on the invocation.",
+                409,
+            )
+        if not done:
+            why = getattr(result, "why", "") or getattr(result, "reason", "")
+            raise ServiceError(
+                "compensation_failed", f"The adapter did not confirm the reversal: {why}", 409
+            )
+        assert isinstance(result, Committed)
+        decision = _record(
+            command,
+            action=Action.COMPENSATE,
+            operator=operator,
+            note=note,
+            finding=Finding.COMPENSATED,
+            evidence=result.receipt,
+            state_after=State.COMPENSATED,
+            data={"method": "adapter", "reversal": result.receipt, "of": receipt},
+        )
+    return Done(decision, f"Compensated by the adapter: reversal {result.receipt} of {receipt}.")

@@ -1,0 +1,278 @@
+"""What the operators' pages show, in words: the queue's rows and the three evidence
+dimensions of an occurrence side by side, so that an operator sees why nothing runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from approvals.models import Approval, Command, Epoch
+from approvals.presenters import MoneyLine, age, money_lines
+from approvals.selectors import approval_state
+from reconciliation import adapters
+from reconciliation.models import OperatorDecision
+from reconciliation.operations import ALLOWED_FROM
+from reconciliation.selectors import QueueItem, Reason, Timeline, queue_item_arguments
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    item: QueueItem
+    age: str
+    money: list[MoneyLine]
+
+
+def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:
+    return [
+        QueueRow(item, age(item.since, now), money_lines(queue_item_arguments(item)))
+        for item in items
+    ]
+
+
+@dataclass(frozen=True)
+class Dimension:
+    title: str
+    status: str  # one short phrase
+    tone: str  # ok, wait, alarm
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # verbatim values (challenges)
+
+
+@dataclass(frozen=True)
+class ActionForm:
+    action: str  # URL slug
+    label: str
+    help: str
+    enabled: bool
+    fields: list[str]  # extra fields besides the note
+
+
+def _latest_finding(decisions: list[OperatorDecision]) -> str:
+    for decision in reversed(decisions):
+        if decision.action in ("query_effect", "reconcile") and decision.finding:
+            return decision.finding
+    return ""
+
+
+def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
+    """Recovery, authority and effect as they stand now, kept apart."""
+    command = timeline.commands[-1] if timeline.commands else None
+    open_stops = [i for i in timeline.interruptions if i.resolved_at is None]
+    if open_stops:
+        stop = open_stops[-1]
+        recovery = Dimension(
+            "Recovery",
+            f"Stopped: {stop.get_kind_display().lower()}",
+            "alarm",
+            [("Since", stop.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"))],
+            [str(c) for c in stop.challenges],
+        )
+    elif timeline.interruptions:
+        recovery = Dimension(
+            "Recovery",
+            "Recovered",
+            "ok",
+            [("Stops", str(len(timeline.interruptions))), ("Open", "none")],
+        )
+    else:
+        recovery = Dimension("Recovery", "Nothing stopped it", "ok")
+
+    approval: Approval | None = timeline.approvals[-1] if timeline.approvals else None
+    facts: list[tuple[str, str]] = []
+    if approval is not None:
+        state = approval_state(approval, now)
+        facts.append(("Approval", f"{state}, fingerprint {approval.fingerprint or '—'}"))
+        if approval.consumed_by_execution:
+            facts.append(("Consumed by", approval.consumed_by_execution))
+    epoch: Epoch | None = timeline.epochs[-1] if timeline.epochs else None
+    if epoch is not None:
+        facts.append(("Epoch", f"{epoch.number}: {epoch.execution_id}"))
+        facts.append(("Justification", epoch.get_justification_display()))
+    if timeline.credential_refreshed_at is not None:
+        facts.append(
+            ("Credential", timeline.credential_refreshed_at.strftime("replaced %Y-%m-%d %H:%M"))
+        )
+    if open_stops:
+        authority = Dimension(
+            "Authority", "Waiting: the credential must be replaced", "wait", facts
+        )
+    elif epoch is not None:
+        authority = Dimension("Authority", f"Epoch {epoch.number} may act", "ok", facts)
+    elif approval is not None:
+        authority = Dimension(
+            "Authority", f"Approval {approval_state(approval, now)}", "wait", facts
+        )
+    else:
+        authority = Dimension("Authority", "No approval", "wait", facts)
+
+    if command is None:
+        effect = Dimension("Effect", "No command", "wait")
+    else:
+        finding = _latest_finding(timeline.decisions)
+        status = command.get_state_display()
+        if command.state == Command.State.RECONCILED and finding:
+            status += f" as {finding.replace('_', ' ')}"
+        tone = {
+            Command.State.OUTCOME_UNKNOWN: "alarm",
+            Command.State.SENDING: "wait",
+            Command.State.PENDING: "wait",
+            Command.State.REJECTED: "wait",
+        }.get(Command.State(command.state), "ok")
+        receipts = [i.receipt for i in timeline.invocations if i.receipt]
+        effect_facts = [
+            ("Command", str(command.pk)),
+            ("Idempotency key", command.idempotency_key),
+            ("Adapter calls", str(sum(1 for i in timeline.invocations if i.kind == "execute"))),
+        ]
+        if receipts:
+            effect_facts.append(("Receipt", receipts[-1]))
+        effect = Dimension("Effect", status, tone, effect_facts)
+    return [recovery, authority, effect]
+
+
+def why_nothing_runs(timeline: Timeline) -> str:
+    """One sentence that says what the occurrence waits for, if anything."""
+    command = timeline.commands[-1] if timeline.commands else None
+    queryable = adapters.can_query(timeline.occurrence.tool.adapter)
+    if command is None:
+        return "No command yet: the approval has not been claimed."
+    if any(i.resolved_at is None for i in timeline.interruptions):
+        return (
+            "It waits for authority: the remote asked for authentication. Replace the "
+            "credential (an admin), or decide here."
+        )
+    return {
+        Command.State.OUTCOME_UNKNOWN: (
+            "It waits for reconciliation: the effect is unknown, and no automatic attempt is "
+            "justified. "
+            + ("Query the effect, reconcile" if queryable else "Reconcile")
+            + " it by hand with evidence, or accept the ambiguity."
+        ),
+        Command.State.SENDING: "A call may be in flight; if it is stuck, query the effect.",
+        Command.State.PENDING: "The command waits for delivery (or the runtime's report).",
+        Command.State.REJECTED: "The remote refused it before executing it; a retry is justified.",
+        Command.State.RECONCILED: "An operator reconciled the effect.",
+    }.get(Command.State(command.state), "The effect is settled; nothing needs to run.")
+
+
+_ACTIONS = [
+    (
+        "query-effect",
+        "query_effect",
+        "Query effect",
+        "Ask the adapter whether the effect exists.",
+        [],
+    ),
+    (
+        "reconcile",
+        "reconcile",
+        "Reconcile",
+        "Record, with evidence, whether the effect happened.",
+        ["outcome", "evidence"],
+    ),
+    (
+        "accept-ambiguity",
+        "accept_ambiguity",
+        "Accept ambiguity",
+        "A duplicate is possible and accepted: admit a new epoch and deliver again.",
+        [],
+    ),
+    (
+        "retry",
+        "retry",
+        "Retry",
+        "Admit a new epoch where the evidence justifies it (not sent, rejected, reconciled "
+        "as not committed).",
+        [],
+    ),
+    (
+        "compensate",
+        "compensate",
+        "Compensate",
+        "Undo the effect through the adapter, or record a compensation done elsewhere.",
+        ["manual_evidence"],
+    ),
+]
+
+ACTION_SLUGS = {slug: action for slug, action, *_ in _ACTIONS}
+
+
+def action_forms(command: Command | None, adapter: str) -> list[ActionForm]:
+    if command is None:
+        return []
+    forms = []
+    for slug, action, label, help_text, extra in _ACTIONS:
+        enabled = command.state in ALLOWED_FROM[action]
+        if action == "query_effect" and not adapters.can_query(adapter):
+            enabled = False
+            help_text = "This tool's adapter cannot be asked whether an effect exists."
+        forms.append(ActionForm(slug, label, help_text, enabled, extra))
+    return forms
+
+
+def timeline_rows(timeline: Timeline) -> list[dict[str, Any]]:
+    rows = []
+    for entry in timeline.entries:
+        if entry.invocation is not None:
+            inv = entry.invocation
+            rows.append(
+                {
+                    "at": entry.at,
+                    "kind": f"invocation.{inv.kind}",
+                    "actor": "worker",
+                    "id": f"invocation {inv.number} (epoch {inv.epoch.number})",
+                    "summary": f"{inv.justification} → {inv.outcome or 'in flight'}",
+                    "details": [
+                        (k, v)
+                        for k, v in (
+                            (
+                                "finished",
+                                inv.finished_at.strftime("%H:%M:%S") if inv.finished_at else "",
+                            ),
+                            ("receipt", inv.receipt),
+                            ("detail", inv.detail),
+                            ("message", inv.message_id),
+                        )
+                        if v
+                    ],
+                    "flag": "",
+                }
+            )
+            continue
+        event = entry.event
+        assert event is not None
+        data = event.data if isinstance(event.data, dict) else {}
+        details = [(k, _text(v)) for k, v in data.items() if v not in ("", None, [], {})]
+        if event.execution_id:
+            details.append(("execution", event.execution_id))
+        if event.token_fingerprint:
+            details.append(("fingerprint", event.token_fingerprint))
+        if event.message_id:
+            details.append(("message", event.message_id))
+        flag = ""
+        if event.decision in ("replayed", "scope_mismatch", "unknown_token", "refused"):
+            flag = "security"
+        elif event.kind.startswith("operator."):
+            flag = "decision"
+        rows.append(
+            {
+                "at": entry.at,
+                "kind": event.kind,
+                "actor": event.actor,
+                "id": str(event.event_id),
+                "summary": " · ".join(x for x in (event.decision, event.reason_code) if x),
+                "details": details,
+                "flag": flag,
+            }
+        )
+    return rows
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "; ".join(_text(v) for v in value)
+    return str(value)
+
+
+REASON_CHOICES = [("", "All reasons")] + [(r, Reason.LABELS[r]) for r in Reason.ORDER]

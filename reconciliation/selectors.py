@@ -1,0 +1,381 @@
+"""Reads of effect, recovery and epoch evidence."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+
+from approvals.models import (
+    Approval,
+    AuditEvent,
+    Command,
+    Epoch,
+    Membership,
+    Occurrence,
+    Proposal,
+    Tenant,
+)
+from reconciliation.models import (
+    AdapterCredential,
+    AdapterInvocation,
+    EpochAdmission,
+    Interruption,
+    OperatorDecision,
+)
+
+
+def command_get_for_tenant(*, tenant: Tenant, command_id: uuid.UUID) -> Command | None:
+    """A command with its invocations, interruptions and its occurrence's epochs (with
+    what admitted each), in a fixed number of queries."""
+    return (
+        Command.objects.filter(tenant=tenant, pk=command_id)
+        .select_related("occurrence__tool")
+        .prefetch_related(
+            Prefetch("invocations", queryset=AdapterInvocation.objects.order_by("number")),
+            Prefetch("interruptions", queryset=Interruption.objects.order_by("created_at")),
+            Prefetch(
+                "occurrence__epochs",
+                queryset=Epoch.objects.order_by("number").select_related("admission"),
+            ),
+        )
+        .first()
+    )
+
+
+def epoch_admission(epoch: Epoch) -> EpochAdmission | None:
+    try:
+        return epoch.admission  # type: ignore[attr-defined,no-any-return]
+    except EpochAdmission.DoesNotExist:
+        return None
+
+
+def command_detail(command: Command) -> dict[str, Any]:
+    """The command as ``GET /api/v1/commands/{id}`` answers it."""
+    invocations = list(command.invocations.all())  # type: ignore[attr-defined]
+    epochs = list(command.occurrence.epochs.all())
+    return {
+        "command_id": str(command.pk),
+        "occurrence_id": str(command.occurrence_id),
+        "tool": command.occurrence.tool.name,
+        "idempotency_key": command.idempotency_key,
+        "execution_id": command.execution_id,
+        "executed_by": command.executed_by,
+        "state": command.state,
+        "effect_state": command.effect_state,
+        "created_at": command.created_at,
+        "updated_at": command.updated_at,
+        "invocation_count": len(invocations),
+        "invocations": [
+            {
+                "number": i.number,
+                "kind": i.kind,
+                "epoch": next((e.number for e in epochs if e.pk == i.epoch_id), None),
+                "justification": i.justification,
+                "started_at": i.started_at,
+                "finished_at": i.finished_at,
+                "outcome": i.outcome or None,
+                "receipt": i.receipt or None,
+                "detail": i.detail or None,
+            }
+            for i in invocations
+        ],
+        "epochs": [
+            {
+                "number": e.number,
+                "execution_id": e.execution_id,
+                "justification": e.justification,
+                "created_at": e.created_at,
+                "admission": _admission_out(epoch_admission(e)),
+            }
+            for e in epochs
+        ],
+        "interruptions": [
+            {
+                "id": x.pk,
+                "kind": x.kind,
+                "epoch": next((e.number for e in epochs if e.pk == x.epoch_id), None),
+                "challenges": x.challenges,
+                "detail": x.detail or None,
+                "created_at": x.created_at,
+                "resolved_at": x.resolved_at,
+            }
+            for x in command.interruptions.all()  # type: ignore[attr-defined]
+        ],
+    }
+
+
+def _admission_out(admission: EpochAdmission | None) -> dict[str, Any] | None:
+    if admission is None:
+        return None
+    return {
+        "justification": admission.justification,
+        "basis": admission.basis,
+        "decided_by": admission.decided_by,
+        "reason": admission.reason or None,
+        "interruption": admission.interruption_id,
+        "created_at": admission.created_at,
+    }
+
+
+# --- the operators' queue ---------------------------------------------------------------
+
+
+class Reason:
+    """Why an item is in the queue: what a person must look at."""
+
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    INTERRUPTED = "interrupted"
+    EXPIRED_UNCLAIMED = "expired_unclaimed"
+    STUCK_SENDING = "stuck_sending"
+    STUCK_PENDING = "stuck_pending"
+
+    LABELS = {
+        OUTCOME_UNKNOWN: "Outcome unknown",
+        INTERRUPTED: "Interrupted, waiting for credentials or a decision",
+        EXPIRED_UNCLAIMED: "Approval expired unclaimed",
+        STUCK_SENDING: "Stuck sending",
+        STUCK_PENDING: "Stuck before dispatch",
+    }
+    ORDER = (OUTCOME_UNKNOWN, INTERRUPTED, STUCK_SENDING, STUCK_PENDING, EXPIRED_UNCLAIMED)
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    key: str  # stable across polls and escalations: "<reason>:<object id>"
+    reason: str
+    since: datetime  # when the item started needing a person
+    occurrence: Occurrence
+    command: Command | None
+
+    @property
+    def reason_label(self) -> str:
+        return Reason.LABELS[self.reason]
+
+
+# How many rows of each reason one page reads: the queue shows the oldest first, and a
+# queue longer than this is an incident of its own (the counts say how long it is).
+QUEUE_LIMIT = 200
+
+
+def _queue_querysets(
+    tenant_ids: list[int], now: datetime, tool_id: int | None
+) -> dict[str, tuple[QuerySet[Any], str]]:
+    """Per reason: the rows, and the field that says since when they need a person."""
+    stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
+    commands = Command.objects.filter(tenant_id__in=tenant_ids)
+    approvals = Approval.objects.filter(
+        tenant_id__in=tenant_ids,
+        state__in=[Approval.State.ISSUED, Approval.State.EXPIRED],
+        expires_at__lte=now,
+        superseded_at__isnull=True,
+        command__isnull=True,
+    )
+    interruptions = Interruption.objects.filter(
+        command__tenant_id__in=tenant_ids, resolved_at__isnull=True
+    )
+    if tool_id is not None:
+        commands = commands.filter(occurrence__tool_id=tool_id)
+        approvals = approvals.filter(occurrence__tool_id=tool_id)
+        interruptions = interruptions.filter(command__occurrence__tool_id=tool_id)
+    return {
+        Reason.OUTCOME_UNKNOWN: (
+            commands.filter(state=Command.State.OUTCOME_UNKNOWN),
+            "updated_at",
+        ),
+        Reason.INTERRUPTED: (interruptions, "created_at"),
+        Reason.STUCK_SENDING: (
+            commands.filter(state=Command.State.SENDING, updated_at__lt=stuck),
+            "updated_at",
+        ),
+        Reason.STUCK_PENDING: (
+            commands.filter(
+                state=Command.State.PENDING,
+                executed_by=Command.ExecutedBy.CONSOLE,
+                updated_at__lt=stuck,
+            ),
+            "updated_at",
+        ),
+        Reason.EXPIRED_UNCLAIMED: (approvals, "expires_at"),
+    }
+
+
+def queue_counts(
+    *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
+) -> dict[str, int]:
+    return {
+        reason: queryset.count()
+        for reason, (queryset, _) in _queue_querysets(tenant_ids, now, tool_id).items()
+    }
+
+
+def queue_items(
+    *,
+    tenant_ids: list[int],
+    now: datetime,
+    reason: str = "",
+    tool_id: int | None = None,
+    limit: int = QUEUE_LIMIT,
+) -> list[QueueItem]:
+    """What needs a person, oldest first: one query per reason, with the occurrence, its
+    tool, tenant and current proposal (for the amount read for people)."""
+    items: list[QueueItem] = []
+    current = Prefetch(
+        "occurrence__proposals",
+        queryset=Proposal.objects.filter(is_current=True),
+        to_attr="current_proposals",
+    )
+    for name, (queryset, since_field) in _queue_querysets(tenant_ids, now, tool_id).items():
+        if reason and name != reason:
+            continue
+        if name == Reason.INTERRUPTED:
+            rows = (
+                queryset.select_related("command__occurrence__tool", "command__occurrence__tenant")
+                .prefetch_related(
+                    Prefetch(
+                        "command__occurrence__proposals",
+                        queryset=Proposal.objects.filter(is_current=True),
+                        to_attr="current_proposals",
+                    )
+                )
+                .order_by(since_field)[:limit]
+            )
+            items += [
+                QueueItem(
+                    f"{name}:{row.pk}", name, row.created_at, row.command.occurrence, row.command
+                )
+                for row in rows
+            ]
+            continue
+        rows = (
+            queryset.select_related("occurrence__tool", "occurrence__tenant")
+            .prefetch_related(current)
+            .order_by(since_field)[:limit]
+        )
+        for row in rows:
+            command = row if isinstance(row, Command) else None
+            items.append(
+                QueueItem(
+                    f"{name}:{row.pk}", name, getattr(row, since_field), row.occurrence, command
+                )
+            )
+    items.sort(key=lambda item: item.since)
+    return items[:limit]
+
+
+def queue_item_arguments(item: QueueItem) -> dict[str, Any]:
+    proposals = getattr(item.occurrence, "current_proposals", [])
+    return proposals[0].arguments if proposals else {}
+
+
+# --- the occurrence timeline ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: datetime
+    kind: str  # an audit kind, or "invocation"
+    event: AuditEvent | None
+    invocation: AdapterInvocation | None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    occurrence: Occurrence
+    entries: list[TimelineEntry]
+    total_events: int
+    commands: list[Command]
+    epochs: list[Epoch]
+    invocations: list[AdapterInvocation]
+    interruptions: list[Interruption]
+    decisions: list[OperatorDecision]
+    approvals: list[Approval]
+    credential_refreshed_at: datetime | None
+
+
+TIMELINE_LIMIT = 500
+
+
+def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline | None:
+    """Everything recorded about one occurrence, in a fixed number of queries."""
+    occurrence = (
+        Occurrence.objects.filter(pk=occurrence_id, tenant_id__in=tenant_ids)
+        .select_related("tool", "tenant", "runtime_key")
+        .prefetch_related(
+            Prefetch("proposals", queryset=Proposal.objects.order_by("version")),
+            Prefetch(
+                "approvals",
+                queryset=Approval.objects.select_related("approver").order_by("issued_at"),
+            ),
+            Prefetch("epochs", queryset=Epoch.objects.order_by("number")),
+        )
+        .first()
+    )
+    if occurrence is None:
+        return None
+    commands = list(Command.objects.filter(occurrence=occurrence).order_by("created_at"))
+    command_ids = [c.pk for c in commands]
+    invocations = list(
+        AdapterInvocation.objects.filter(command_id__in=command_ids)
+        .select_related("epoch")
+        .order_by("command_id", "number")
+    )
+    interruptions = list(
+        Interruption.objects.filter(command_id__in=command_ids).order_by("created_at")
+    )
+    decisions = list(
+        OperatorDecision.objects.filter(command_id__in=command_ids).order_by("created_at")
+    )
+    admissions = {
+        a.epoch_id: a
+        for a in EpochAdmission.objects.filter(command_id__in=command_ids).select_related(
+            "interruption", "decision"
+        )
+    }
+    epochs = list(occurrence.epochs.all())
+    for epoch in epochs:
+        epoch.admission_record = admissions.get(epoch.pk)  # type: ignore[attr-defined]
+    events_qs = AuditEvent.objects.filter(occurrence=occurrence)
+    total = events_qs.count()
+    events = list(events_qs.order_by("-id")[:TIMELINE_LIMIT])
+    events.reverse()
+    entries = [TimelineEntry(e.source_time, e.kind, e, None) for e in events]
+    entries += [TimelineEntry(i.started_at, "invocation", None, i) for i in invocations]
+    entries.sort(key=lambda entry: (entry.at, entry.event.pk if entry.event else 0))
+    adapter = occurrence.tool.adapter
+    refreshed = (
+        AdapterCredential.objects.filter(tenant_id=occurrence.tenant_id, adapter=adapter)
+        .values_list("updated_at", flat=True)
+        .first()
+        if adapter
+        else None
+    )
+    return Timeline(
+        occurrence=occurrence,
+        entries=entries,
+        total_events=total,
+        commands=commands,
+        epochs=epochs,
+        invocations=invocations,
+        interruptions=interruptions,
+        decisions=decisions,
+        approvals=list(occurrence.approvals.all()),
+        credential_refreshed_at=refreshed,
+    )
+
+
+def operator_tenants(user: Any) -> list[Tenant]:
+    """The tenants where the user is an operator."""
+    if not user.is_authenticated:
+        return []
+    return list(
+        Tenant.objects.filter(
+            memberships__user_id=user.pk, memberships__role=Membership.Role.OPERATOR
+        )
+        .distinct()
+        .order_by("name", "slug")
+    )

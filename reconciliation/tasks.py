@@ -1,0 +1,81 @@
+"""Celery tasks. A task only decides which service to call; what a phase means lives in
+``reconciliation.dispatch``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import structlog
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from approvals.models import Command
+from reconciliation.dispatch import command_dispatch
+from reconciliation.faults import crash_point
+
+log = structlog.get_logger("reconciliation")
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def command_deliver(self, command_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Deliver one command. Acknowledged only after it returns: a worker that dies in the
+    middle leaves the message to be delivered again, and the phases make that safe."""
+    plan = command_dispatch(command_id=command_id, message_id=self.request.id or "")
+    crash_point("after_record", command_id)
+    if plan.retry_in is not None:
+        enqueue(command_id, countdown=plan.retry_in)
+
+
+@shared_task(ignore_result=True)
+def commands_sweep() -> int:
+    """The outbox sweep (Celery beat): deliver again any console-executed command still
+    ``pending`` after the grace period (its announcement was lost between commit and
+    enqueue), or still ``sending`` long after any call could have finished (the worker and
+    its message were lost)."""
+    now = timezone.now()
+    pending = Command.objects.filter(
+        executed_by=Command.ExecutedBy.CONSOLE,
+        state=Command.State.PENDING,
+        updated_at__lt=now - timedelta(seconds=settings.DISPATCH_SWEEP_GRACE_SECONDS),
+    )
+    stuck = Command.objects.filter(
+        executed_by=Command.ExecutedBy.CONSOLE,
+        state=Command.State.SENDING,
+        updated_at__lt=now - timedelta(seconds=settings.DISPATCH_STUCK_SENDING_SECONDS),
+    )
+    ids = [str(pk) for pk in pending.values_list("pk", flat=True)[:500]]
+    ids += [str(pk) for pk in stuck.values_list("pk", flat=True)[:500]]
+    for command_id in ids:
+        enqueue(command_id)
+    if ids:
+        log.info("dispatch.swept", commands=len(ids))
+    return len(ids)
+
+
+@shared_task(ignore_result=True)
+def operations_escalate() -> int:
+    """Escalate queue items nobody took within their tenant's threshold (Celery beat)."""
+    from reconciliation.escalation import escalations_run
+
+    return escalations_run()
+
+
+def enqueue(command_id: str, *, countdown: float | None = None) -> bool:
+    """Publish a delivery; False (logged) if the broker cannot be reached, in which case
+    the sweep delivers the command later. A fresh broker connection per publish, so that a
+    forked process never shares a socket with its parent."""
+    app = command_deliver.app
+    try:
+        with app.connection_for_write() as connection:
+            command_deliver.apply_async(  # type: ignore[call-arg]
+                args=(command_id,),
+                countdown=countdown,  # type: ignore[arg-type]
+                connection=connection,
+                retry=True,
+                retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
+            )
+    except Exception:  # the broker's failures are many; none may fail the caller
+        log.exception("dispatch.enqueue_failed", command_id=command_id)
+        return False
+    return True

@@ -1,0 +1,149 @@
+"""The operators' console: the queue of what needs a person, an occurrence's timeline with
+its three evidence dimensions, and the decisions an operator can record. Every decision
+is a POST (CSRF) with a required note, refused with the new state shown when the state
+no longer allows it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.models import Command, Tenant
+from approvals.selectors import parse_uuid, tool_ids
+from approvals.services import ServiceError
+from approvals.views import console_login_required
+from reconciliation import operations, presenters, selectors
+
+TEMPLATE_QUEUE = "reconciliation/queue.html"
+TEMPLATE_TIMELINE = "reconciliation/timeline.html"
+QUEUE_POLL_SECONDS = 5
+
+
+def _tenants(request: HttpRequest) -> list[Tenant]:
+    tenants = selectors.operator_tenants(request.user)
+    if not tenants:
+        raise PermissionDenied("Only operators of a tenant can open the operations console.")
+    return tenants
+
+
+@require_GET
+@console_login_required
+def queue(request: HttpRequest) -> HttpResponse:
+    tenants = _tenants(request)
+    tools = tool_ids()
+    reason = request.GET.get("reason", "")
+    reason = reason if reason in selectors.Reason.LABELS else ""
+    tool = request.GET.get("tool", "")
+    tool = tool if tool in tools else ""
+    now = timezone.now()
+    tenant_ids = [t.pk for t in tenants]
+    counts = selectors.queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
+    items = selectors.queue_items(
+        tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool)
+    )
+    total = sum(counts.values())
+    query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
+    context = {
+        "is_operator": True,
+        "rows": presenters.queue_rows(items, now),
+        "counts": [(r, selectors.Reason.LABELS[r], counts[r]) for r in selectors.Reason.ORDER],
+        "total": total,
+        "reason": reason,
+        "tool": tool,
+        "reason_choices": presenters.REASON_CHOICES,
+        "tool_choices": [("", "All tools"), *((name, name) for name in tools)],
+        "show_tenant": len(tenants) > 1,
+        "poll_url": f"{reverse('reconciliation:queue')}?{query}",
+        "poll_seconds": QUEUE_POLL_SECONDS,
+        "announce": f"{total} item{'s' if total != 1 else ''} need a person",
+    }
+    if getattr(request, "htmx", False) and not request.htmx.history_restore_request:  # type: ignore[attr-defined]
+        return render(request, f"{TEMPLATE_QUEUE}#queue-list", context)
+    return render(request, TEMPLATE_QUEUE, context)
+
+
+def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any]:
+    tenants = _tenants(request)
+    timeline = selectors.timeline_get(
+        occurrence_id=occurrence_id, tenant_ids=[t.pk for t in tenants]
+    )
+    if timeline is None:
+        raise Http404("No such occurrence in your tenants.")
+    now = timezone.now()
+    command = timeline.commands[-1] if timeline.commands else None
+    return {
+        "is_operator": True,
+        "timeline": timeline,
+        "occurrence": timeline.occurrence,
+        "command": command,
+        "dimensions": presenters.dimensions(timeline, now),
+        "why": presenters.why_nothing_runs(timeline),
+        "actions": presenters.action_forms(command, timeline.occurrence.tool.adapter),
+        "rows": presenters.timeline_rows(timeline),
+        "money": presenters.money_lines(
+            next((p.arguments for p in timeline.occurrence.proposals.all() if p.is_current), {})
+        ),
+    }
+
+
+@require_GET
+@console_login_required
+def timeline(request: HttpRequest, occurrence_id: Any) -> HttpResponse:
+    return render(request, TEMPLATE_TIMELINE, _timeline_context(request, occurrence_id))
+
+
+@require_POST
+@console_login_required
+def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpResponse:
+    if action not in presenters.ACTION_SLUGS:
+        raise Http404("No such action.")
+    tenants = _tenants(request)
+    pk = parse_uuid(str(command_id))
+    command = (
+        Command.objects.filter(pk=pk, tenant__in=tenants).only("pk", "occurrence_id").first()
+        if pk
+        else None
+    )
+    if command is None:
+        raise Http404("No such command in your tenants.")
+    operator = request.user.get_username()
+    note = request.POST.get("note", "")
+    try:
+        if action == "query-effect":
+            done = operations.command_query_effect(command_id=pk, operator=operator, note=note)
+        elif action == "reconcile":
+            done = operations.command_reconcile(
+                command_id=pk,
+                operator=operator,
+                note=note,
+                outcome=request.POST.get("outcome", ""),
+                evidence=request.POST.get("evidence", ""),
+            )
+        elif action == "accept-ambiguity":
+            done = operations.command_accept_ambiguity(command_id=pk, operator=operator, note=note)
+        elif action == "retry":
+            done = operations.command_retry(command_id=pk, operator=operator, note=note)
+        else:
+            done = operations.command_compensate(
+                command_id=pk,
+                operator=operator,
+                note=note,
+                manual_evidence=request.POST.get("manual_evidence", ""),
+            )
+    except ServiceError as refusal:
+        # The page as it stands now, with why nothing was recorded.
+        context = _timeline_context(request, command.occurrence_id)
+        context["notice"] = {"level": "error", "text": refusal.message}
+        context["failed_action"] = action
+        context["posted"] = request.POST
+        status = refusal.status if 400 <= refusal.status < 500 else 409
+        return render(request, TEMPLATE_TIMELINE, context, status=status)
+    messages.success(request, done.message)
+    return redirect(reverse("reconciliation:timeline", args=[command.occurrence_id]))

@@ -1,0 +1,85 @@
+"""The expiry sweep writes down what the clock decided, so that the inbox's filters and
+counts agree with its badges; a claim never waited for it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from approvals import services
+from approvals.models import Approval, AuditEvent, Occurrence
+from tests.conftest import PASSWORD, Runtime, approve
+
+pytestmark = pytest.mark.django_db
+
+
+def expire_now(occurrence_id: str) -> None:
+    past = timezone.now() - timedelta(seconds=1)
+    Approval.objects.filter(occurrence_id=occurrence_id).update(
+        issued_at=past - timedelta(minutes=15), expires_at=past
+    )
+
+
+def test_an_issued_approval_past_its_expiry_is_marked_expired_once(
+    runtime: Runtime, reviewer: Any, approved: str
+) -> None:
+    expire_now(approved)
+
+    assert services.approvals_expire() == 1
+    assert services.approvals_expire() == 0
+
+    approval = Approval.objects.get(occurrence_id=approved)
+    assert approval.state == Approval.State.EXPIRED
+    assert Occurrence.objects.get(pk=approved).status == Occurrence.Status.EXPIRED
+    event = AuditEvent.objects.get(kind="approval.expired")
+    assert (event.actor, event.decision, event.reason_code) == (
+        "clock",
+        "expired",
+        "expired_unclaimed",
+    )
+
+
+def test_approvals_in_time_and_consumed_ones_are_left_alone(
+    runtime: Runtime, reviewer: Any, token: str, approved: str
+) -> None:
+    claim = runtime.claim(token, "exec-1")
+    assert claim.status_code == 200
+    expire_now(approved)
+    fresh = runtime.propose(client_ref="fresh").json()["occurrence_id"]
+    approve(fresh, reviewer)
+
+    assert services.approvals_expire() == 0
+    assert Approval.objects.get(occurrence_id=approved).state == Approval.State.CONSUMED
+    assert Approval.objects.get(occurrence_id=fresh).state == Approval.State.ISSUED
+
+
+def test_a_claim_after_the_sweep_is_expired(runtime: Runtime, token: str, approved: str) -> None:
+    expire_now(approved)
+    services.approvals_expire()
+
+    response = runtime.claim(token, "exec-1")
+
+    assert response.status_code == 403
+    assert {k: response.json()[k] for k in ("decision", "reason")} == {
+        "decision": "expired",
+        "reason": "expired",
+    }
+
+
+def test_the_inbox_filters_agree_with_the_badges_after_the_sweep(
+    runtime: Runtime, reviewer: Any, approved: str
+) -> None:
+    expire_now(approved)
+    services.approvals_expire()
+    client = Client()
+    client.login(username=reviewer.username, password=PASSWORD)
+
+    approved_list = client.get("/reviews/?state=approved").content.decode()
+    expired_list = client.get("/reviews/?state=expired").content.decode()
+
+    assert approved not in approved_list
+    assert approved in expired_list and "Expired" in expired_list

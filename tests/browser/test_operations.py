@@ -1,0 +1,190 @@
+"""The operations console in Chromium: an operator takes items from the queue to a recorded
+decision, each action through its form; two operators racing on one decision; and the
+README's pictures of the queue and a timeline (UPDATE_SCREENSHOTS=1 writes them to docs/).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from approvals.models import Command, Epoch, Membership
+from reconciliation.dispatch import command_dispatch
+from reconciliation.models import OperatorDecision
+from tests.browser.conftest import Contexts, login
+from tests.browser.test_screenshots import _shoot
+from tests.conftest import Runtime, make_user
+from tests.reconciliation.conftest import claim_command
+from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+State = Command.State
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    with start_sandbox(tmp_path_factory.mktemp("sandbox")) as process:
+        yield process
+
+
+@pytest.fixture
+def remote(sandbox: SandboxProcess, settings: Any) -> SandboxProcess:
+    sandbox.reset()
+    settings.PAYMENTS_URL = sandbox.url
+    settings.PAYMENTS_API_KEY = sandbox.api_key
+    settings.MESSAGES_WEBHOOK_URL = f"{sandbox.url}/v1/messages"
+    settings.ADAPTER_READ_TIMEOUT = 1.0
+    return sandbox
+
+
+def unknown(
+    runtime: Runtime, reviewer: Any, remote: SandboxProcess, tool: str, ref: str
+) -> Command:
+    command = claim_command(runtime, reviewer, tool, ref=ref)
+    remote.fault("reset_after_effect" if tool == "send_message" else "timeout_after_effect")
+    if tool == "issue_refund":
+        # A refund stuck sending, as after a worker that died mid-call.
+        from reconciliation.dispatch import begin
+
+        begin(command_id=command.pk)
+        remote.reset()
+    else:
+        command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    return command
+
+
+def decide(page: Page, action: str, note: str, **fields: str) -> None:
+    form = page.locator(f"#action-{action}")
+    if "outcome" in fields:
+        form.locator(f"input[name=outcome][value={fields['outcome']}]").check()
+    if "evidence" in fields:
+        form.locator("input[name=evidence]").fill(fields["evidence"])
+    if "manual_evidence" in fields:
+        form.locator("input[name=manual_evidence]").fill(fields["manual_evidence"])
+    form.locator("textarea[name=note]").fill(note)
+    with page.expect_navigation():
+        form.get_by_role("button").click()
+
+
+def test_an_operator_resolves_an_unknown_message_and_a_refund_from_the_queue(
+    contexts: Contexts,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    settings: Any,
+    tmp_path: Path,
+) -> None:
+    out = DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+    settings.OPERATIONS_STUCK_SECONDS = 0
+    message = unknown(runtime, reviewer, remote, "send_message", "m1")
+    refund = unknown(runtime, reviewer, remote, "issue_refund", "r1")
+    Command.objects.filter(pk=message.pk).update(updated_at=timezone.now() - timedelta(minutes=42))
+    page = contexts.new().new_page()
+    login(page, operator.username)
+
+    page.goto("/operations/")
+    expect(page.locator("#queue-total")).to_have_text("2")
+    expect(page.locator(f'tr[data-item="outcome_unknown:{message.pk}"]')).to_contain_text(
+        "42 minutes"
+    )
+    _shoot(page, out / "operations-queue.png")
+
+    # The message: unknown, so reconciled by hand with evidence.
+    page.locator(f'tr[data-item="outcome_unknown:{message.pk}"]').get_by_role("link").click()
+    expect(page.locator("#why")).to_contain_text("It waits for reconciliation")
+    expect(page.locator(".dimension").nth(2)).to_contain_text("Outcome unknown")
+    _shoot(page, out / "operations-timeline.png")
+    decide(
+        page,
+        "reconcile",
+        "Receiver's log shows it",
+        outcome="committed",
+        evidence="msg log line 88",
+    )
+    expect(page.locator(".messages")).to_contain_text("Reconciled as committed")
+    expect(page.locator(".dimension").nth(2)).to_contain_text("Reconciled as committed")
+    expect(page.locator(".timeline-table")).to_contain_text("operator.reconcile")
+
+    # The refund: stuck sending; the adapter is asked, finds nothing, so a retry is
+    # justified; the retry runs; then the refund is compensated through the adapter.
+    page.goto(f"/operations/occurrences/{refund.occurrence_id}/")
+    decide(page, "query-effect", "Was it sent?")
+    expect(page.locator(".messages")).to_contain_text("no effect under this key")
+    decide(page, "retry", "Send it now, the query proved nothing happened")
+    expect(page.locator(".messages")).to_contain_text("Retry admitted as epoch 2")
+    command_dispatch(command_id=refund.pk)
+    page.reload()
+    expect(page.locator(".dimension").nth(2)).to_contain_text("Committed")
+    decide(page, "compensate", "Customer was refunded by the bank meanwhile")
+    expect(page.locator(".messages")).to_contain_text("Compensated by the adapter")
+    [row] = remote.refunds()
+    assert row["status"] == "reversed"
+    assert list(
+        OperatorDecision.objects.order_by("created_at").values_list("action", "operator")
+    ) == [
+        ("reconcile", operator.username),
+        ("query_effect", operator.username),
+        ("retry", operator.username),
+        ("compensate", operator.username),
+    ]
+
+
+def test_accepting_the_ambiguity_delivers_again_under_a_new_epoch(
+    contexts: Contexts, remote: SandboxProcess, runtime: Runtime, reviewer: Any, operator: Any
+) -> None:
+    message = unknown(runtime, reviewer, remote, "send_message", "m2")
+    page = contexts.new().new_page()
+    login(page, operator.username)
+    page.goto(f"/operations/occurrences/{message.occurrence_id}/")
+
+    decide(page, "accept-ambiguity", "Customer confirmed nothing arrived; resend")
+
+    expect(page.locator(".messages")).to_contain_text("Ambiguity accepted: epoch 2")
+    expect(page.locator("table").first).to_contain_text("Operator accepted the ambiguity")
+    epoch = Epoch.objects.get(occurrence_id=message.occurrence_id, number=2)
+    assert epoch.justification == "ambiguity_accepted"
+
+
+def test_two_operators_at_once_one_wins_the_other_sees_what_happened(
+    contexts: Contexts,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    tenant: Any,
+) -> None:
+    message = unknown(runtime, reviewer, remote, "send_message", "m3")
+    other = make_user("oona", tenant, Membership.Role.OPERATOR)
+    first, second = contexts.new().new_page(), contexts.new().new_page()
+    login(first, operator.username)
+    login(second, other.username)
+    url = f"/operations/occurrences/{message.occurrence_id}/"
+    first.goto(url)
+    second.goto(url)
+
+    decide(
+        first,
+        "reconcile",
+        "Not sent: the receiver was down",
+        outcome="not_committed",
+        evidence="status page incident 12",
+    )
+    decide(second, "accept-ambiguity", "Resend it")
+
+    expect(first.locator(".messages")).to_contain_text("Reconciled as not committed")
+    notice = second.locator("#operator-notice")
+    expect(notice).to_contain_text("Refused: the effect is now reconciled")
+    expect(second.locator(".dimension").nth(2)).to_contain_text("Reconciled as not committed")
+    assert OperatorDecision.objects.count() == 1
+    assert Epoch.objects.filter(occurrence_id=message.occurrence_id).count() == 1

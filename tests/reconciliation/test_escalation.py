@@ -1,0 +1,106 @@
+"""Escalation: a queue item past its tenant's threshold is told once, signed, to a real
+local HTTP receiver (the sandbox's webhook endpoint) and by email; it never acts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from approvals.models import AuditEvent, Command
+from reconciliation import credentials
+from reconciliation.dispatch import command_dispatch
+from reconciliation.escalation import escalations_run
+from reconciliation.models import Escalation, EscalationPolicy
+from tests.conftest import Runtime
+from tests.reconciliation.conftest import claim_command
+from tests.reconciliation.sandbox_fixture import SandboxProcess
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "whsec_escalation"
+
+
+def unknown_for(runtime: Runtime, reviewer: Any, remote: SandboxProcess, minutes: int) -> Command:
+    command = claim_command(runtime, reviewer, "send_message")
+    remote.fault("timeout_after_effect")
+    command_dispatch(command_id=command.pk)
+    Command.objects.filter(pk=command.pk).update(
+        updated_at=timezone.now() - timedelta(minutes=minutes)
+    )
+    remote.reset()
+    return command
+
+
+@pytest.fixture
+def policy(tenant: Any, remote: SandboxProcess) -> EscalationPolicy:
+    return EscalationPolicy.objects.create(
+        tenant=tenant,
+        after_minutes=30,
+        webhook_url=f"{remote.url}/v1/messages",
+        secret_encrypted=credentials.encrypt(SECRET),
+        email="oncall@example.com",
+    )
+
+
+def test_an_item_past_the_threshold_is_escalated_once_signed(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy, settings: Any
+) -> None:
+    settings.CONSOLE_BASE_URL = "https://console.example.com"
+    command = unknown_for(runtime, reviewer, remote, minutes=45)
+
+    assert escalations_run() == 1
+    assert escalations_run() == 0, "once"
+
+    [message] = remote.messages()
+    body = message["body"]
+    assert body["reason"] == "outcome_unknown"
+    assert body["occurrence_id"] == str(command.occurrence_id)
+    assert body["link"] == (
+        f"https://console.example.com/operations/occurrences/{command.occurrence_id}/"
+    )
+    expected = hmac.new(SECRET.encode(), message["raw_body"].encode(), hashlib.sha256)
+    assert message["signature"] == f"sha256={expected.hexdigest()}"
+    assert json.loads(message["raw_body"]) == body
+    [email] = mail.outbox
+    assert email.to == ["oncall@example.com"] and body["link"] in email.body
+    event = AuditEvent.objects.get(kind="operations.escalated")
+    assert (event.decision, event.reason_code) == ("delivered", "outcome_unknown")
+    # Escalation never acts: the effect is as it was.
+    command.refresh_from_db()
+    assert command.state == Command.State.OUTCOME_UNKNOWN
+
+
+def test_an_item_younger_than_the_threshold_is_not_escalated(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy
+) -> None:
+    unknown_for(runtime, reviewer, remote, minutes=5)
+
+    assert escalations_run() == 0
+    assert remote.messages() == [] and mail.outbox == []
+
+
+def test_a_failed_delivery_is_tried_again_on_the_next_run(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy
+) -> None:
+    unknown_for(runtime, reviewer, remote, minutes=45)
+    remote.fault("unavailable")
+
+    assert escalations_run() == 0
+    assert Escalation.objects.get().delivered is False
+    assert escalations_run() == 1
+    assert len(remote.messages()) == 1
+    escalation = Escalation.objects.get()
+    assert (escalation.delivered, escalation.attempts) == (True, 2)
+    decisions = list(
+        AuditEvent.objects.filter(kind="operations.escalated")
+        .order_by("id")
+        .values_list("decision", flat=True)
+    )
+    assert decisions == ["failed", "delivered"]

@@ -1,0 +1,838 @@
+"""Investigations: one id (token fingerprint, execution, command or occurrence) to the joined
+chain of evidence and a verdict. The verdict rules as a pure function, one test per story;
+then the five stories produced through the real API and services and told apart by the
+page; search by each kind of id, tenants, roles, queries per page, and no raw token shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from approvals import tokens
+from approvals.models import Approval, AuditDuplicateDelivery, Command, Membership
+from reconciliation.dispatch import begin, command_dispatch, perform, record
+from reconciliation.investigations import (
+    CONTROL_FAILURE,
+    CONTROL_WORKING,
+    DUPLICATED_AUDIT_DELIVERY,
+    HEALTHY_REDELIVERY,
+    IDEMPOTENT_EXECUTION_FAILURE,
+    ApprovalFact,
+    CommandFact,
+    DecisionFact,
+    DeliveryFact,
+    EventFact,
+    Facts,
+    InvocationFact,
+    assess,
+    query_read,
+)
+from reconciliation.models import AdapterInvocation
+from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_runtime, make_user
+from tests.reconciliation.conftest import MESSAGE_ARGS
+from tests.reconciliation.sandbox_fixture import SandboxProcess
+
+T0 = datetime(2026, 8, 4, 10, 0, tzinfo=UTC)
+FP = "0123456789abcdef"
+CMD = "11111111-1111-4111-8111-111111111111"
+CMD2 = "22222222-2222-4222-8222-222222222222"
+OCC = "33333333-3333-4333-8333-333333333333"
+
+
+# --- the verdict rules, as a pure function ------------------------------------------------
+
+_pk = iter(range(1, 1_000_000))
+
+
+def event(kind: str = "claim.approved", **fields: Any) -> EventFact:
+    values: dict[str, Any] = {
+        "pk": next(_pk),
+        "event_id": str(uuid.uuid4()),
+        "kind": kind,
+        "tenant_id": 1,
+        "source_time": T0,
+        "fingerprint": FP,
+        "decision": kind.removeprefix("claim.") if kind.startswith("claim.") else "",
+        "execution_id": "exec-a",
+        "command_id": CMD,
+        "occurrence_id": OCC,
+    }
+    values.update(fields)
+    return EventFact(**values)
+
+
+def approval(**fields: Any) -> ApprovalFact:
+    values: dict[str, Any] = {
+        "tenant_id": 1,
+        "occurrence_id": OCC,
+        "fingerprint": FP,
+        "state": "consumed",
+        "consumed_by_execution": "exec-a",
+        "command_id": CMD,
+        "approver": "rita",
+    }
+    values.update(fields)
+    return ApprovalFact(**values)
+
+
+def command(**fields: Any) -> CommandFact:
+    values: dict[str, Any] = {
+        "pk": CMD,
+        "tenant_id": 1,
+        "occurrence_id": OCC,
+        "execution_id": "exec-a",
+        "state": "committed",
+        "idempotency_key": "cmd_1",
+        "fingerprint": FP,
+    }
+    values.update(fields)
+    return CommandFact(**values)
+
+
+def invocation(number: int, **fields: Any) -> InvocationFact:
+    values: dict[str, Any] = {
+        "command_id": CMD,
+        "number": number,
+        "kind": "execute",
+        "outcome": "committed",
+        "receipt": "re_1",
+        "justification": "first_delivery",
+    }
+    values.update(fields)
+    return InvocationFact(**values)
+
+
+def console_claim(*more: EventFact, state: str = "committed", **facts: Any) -> Facts:
+    """One approval claimed by exec-a through this console, its command committed once."""
+    return Facts(
+        approvals=(approval(),),
+        commands=(command(state=state),),
+        invocations=facts.pop("invocations", (invocation(1),)),
+        events=(event(), *more),
+        events_total=1 + len(more),
+        **facts,
+    )
+
+
+def test_control_working_one_approved_execution_and_replays_denied() -> None:
+    facts = console_claim(
+        event(
+            "claim.replayed",
+            execution_id="exec-b",
+            command_id="",
+            reason_code="consumed_by_other_execution",
+        ),
+        event("claim.replayed", execution_id="exec-c", command_id=""),
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [CONTROL_WORKING]
+    [verdict] = assessment.verdicts
+    text = " ".join(verdict.facts)
+    assert "approved once, for execution exec-a" in text
+    assert "2 attempts by other executions refused as replayed" in text
+    assert "exec-b" in text and "exec-c" in text
+    assert "No second command was created." in text
+    assert not assessment.gaps
+
+
+def test_healthy_redelivery_one_execution_several_deliveries_one_command() -> None:
+    facts = console_claim(
+        event("claim.duplicate_delivery", message_id="m-2"),
+        event(
+            "dispatch.redelivered",
+            fingerprint="",
+            decision="ignored",
+            reason_code="already_committed",
+            message_id="q-2",
+        ),
+        invocations=(invocation(1, message_id="q-1"),),
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [HEALTHY_REDELIVERY]
+    text = " ".join(assessment.verdicts[0].facts)
+    assert (
+        "Execution exec-a claimed the token twice: approved once, then duplicate_delivery once"
+        in text
+    )
+    assert "delivered command 11111111 again once (dispatch.redelivered)" in text
+    assert "already committed, so nothing was called" in text
+    assert "Queue message ids: m-2, q-1, q-2." in text
+    assert "the adapter was called once; effect committed, receipt re_1" in text
+
+
+def test_a_resumed_delivery_under_the_contract_is_a_healthy_redelivery() -> None:
+    facts = console_claim(
+        invocations=(
+            invocation(1, outcome="abandoned", receipt="", message_id="q-1"),
+            invocation(2, kind="query", justification="effect_queryable", message_id="q-2"),
+        )
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [HEALTHY_REDELIVERY]
+    assert "effect_queryable" in " ".join(assessment.verdicts[0].facts)
+
+
+def test_duplicated_audit_delivery_one_producer_event_ingested_twice() -> None:
+    stored = event(
+        "approval_decision", decision="approved", ingestion_id=7, ingested_at=T0, command_id=CMD2
+    )
+    facts = Facts(
+        events=(stored,),
+        deliveries=(
+            DeliveryFact(stored.pk, stored.event_id, 8, T0 + timedelta(minutes=1), 1, True),
+        ),
+        events_total=1,
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [DUPLICATED_AUDIT_DELIVERY]
+    text = " ".join(assessment.verdicts[0].facts)
+    assert f"Producer event {stored.event_id}" in text and "delivered twice" in text
+    assert "stored once from batch #7" in text and "batch #8" in text and "same content" in text
+    assert not assessment.gaps
+
+
+def test_a_duplicate_delivery_with_other_content_names_the_producer() -> None:
+    stored = event("approval_decision", decision="approved", ingestion_id=7)
+    facts = Facts(
+        events=(stored,),
+        deliveries=(DeliveryFact(stored.pk, stored.event_id, 8, T0, 3, False),),
+        events_total=1,
+    )
+
+    text = " ".join(assess(facts).verdicts[0].facts)
+
+    assert "different content" in text and "reused an event id" in text
+
+
+def test_idempotent_execution_failure_two_receipts_under_one_key() -> None:
+    facts = console_claim(
+        invocations=(
+            invocation(1, outcome="abandoned", receipt="msg_A", message_id="q-1"),
+            invocation(2, receipt="msg_B", justification="epoch_admitted"),
+        ),
+        decisions=(DecisionFact(CMD, "accept_ambiguity", "otto", created_at=T0),),
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [IDEMPOTENT_EXECUTION_FAILURE]
+    text = " ".join(assessment.verdicts[0].facts)
+    assert "2 distinct receipts under one key" in text and "cmd_1" in text
+    assert "msg_A" in text and "msg_B" in text
+    assert "asked to execute it twice" in text
+    assert "Invocation 1 was given up as abandoned, yet its answer arrived later" in text
+    assert "otto accepted the ambiguity" in text
+
+
+def test_idempotent_execution_failure_from_committed_events_with_different_receipts() -> None:
+    facts = console_claim(
+        event("effect.committed", fingerprint="", decision="committed", receipt="re_1"),
+        event("effect.committed", fingerprint="", decision="committed", receipt="re_2"),
+        invocations=(),
+    )
+
+    assert assess(facts).codes == [IDEMPOTENT_EXECUTION_FAILURE]
+
+
+def test_the_same_receipt_again_is_the_key_working_not_a_failure() -> None:
+    facts = console_claim(
+        invocations=(
+            invocation(1, outcome="abandoned", receipt="", message_id="q-1"),
+            invocation(2, kind="query", receipt="re_1", justification="effect_queryable"),
+        )
+    )
+
+    assert IDEMPOTENT_EXECUTION_FAILURE not in assess(facts).codes
+
+
+def test_control_failure_one_fingerprint_two_approved_executions() -> None:
+    other = event(
+        "approval_decision",
+        decision="approved",
+        execution_id="exec-z",
+        command_id=CMD2,
+        ingestion_id=4,
+        occurrence_id="",
+    )
+    facts = console_claim(other)
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [CONTROL_FAILURE]
+    text = " ".join(assessment.verdicts[0].facts)
+    assert f"Fingerprint {FP} has approved decisions for 2 executions: exec-a, exec-z" in text
+    assert "ingested in batch #4" in text
+    assert "2 commands came of it" in text
+    assert "This console's own claim admitted only exec-a" in text
+
+
+def test_control_failure_from_another_producer_alone() -> None:
+    facts = Facts(
+        events=(
+            event("approval_decision", decision="approved", execution_id="exec-1", ingestion_id=1),
+            event("approval_decision", decision="approved", execution_id="exec-2", ingestion_id=1),
+        ),
+        events_total=2,
+    )
+
+    assert assess(facts).codes == [CONTROL_FAILURE]
+
+
+def test_a_duplicated_delivery_of_an_approval_is_not_a_second_execution() -> None:
+    """The article's trap: approved rows = 2 for one decision delivered twice."""
+    first = event("approval_decision", decision="approved", ingestion_id=1)
+    facts = Facts(
+        events=(first,),
+        deliveries=(DeliveryFact(first.pk, first.event_id, 2, T0, 1, True),),
+        events_total=1,
+    )
+
+    assert assess(facts).codes == [DUPLICATED_AUDIT_DELIVERY]
+
+
+def test_several_verdicts_are_listed_worst_first() -> None:
+    stored = event("claim.replayed", execution_id="exec-b", command_id="", ingestion_id=9)
+    facts = console_claim(
+        event("approval_decision", decision="approved", execution_id="exec-z", command_id=CMD2),
+        stored,
+        deliveries=(DeliveryFact(stored.pk, stored.event_id, 10, T0, 1, True),),
+        invocations=(invocation(1), invocation(2, receipt="re_2")),
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [
+        CONTROL_FAILURE,
+        IDEMPOTENT_EXECUTION_FAILURE,
+        DUPLICATED_AUDIT_DELIVERY,
+    ]
+    assert assessment.tone == "alarm"
+    assert assessment.summary.startswith("One approval authorized more than one execution")
+    assert "Also: idempotent execution failure, duplicated audit delivery." in assessment.summary
+
+
+def test_insufficient_evidence_is_said_plainly() -> None:
+    unnamed = Facts(
+        events=(event("approval_decision", decision="approved", execution_id=""),),
+        events_total=1,
+    )
+    not_claimed = Facts(
+        approvals=(approval(state="issued", consumed_by_execution="", command_id=""),)
+    )
+    unknown = console_claim(
+        state="outcome_unknown", invocations=(invocation(1, outcome="outcome_unknown", receipt=""),)
+    )
+
+    for facts, gap in (
+        (unnamed, "name no execution"),
+        (not_claimed, "No claim of fingerprint 0123456789abcdef is recorded"),
+        (unknown, "is outcome unknown: whether the adapter acted"),
+    ):
+        assessment = assess(facts)
+        assert assessment.insufficient, assessment
+        assert "evidence is insufficient" in assessment.summary
+        assert any(gap in line for line in assessment.gaps), assessment.gaps
+
+
+def test_only_refused_claims_are_insufficient_for_a_verdict() -> None:
+    facts = Facts(
+        events=(
+            event("claim.unknown_token", command_id="", occurrence_id=""),
+            event("claim.unknown_token", command_id="", occurrence_id="", execution_id="x"),
+        ),
+        events_total=2,
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.insufficient
+    assert assessment.gaps == (
+        "No claim here was approved (2 unknown_token): no execution was authorized, so "
+        "there is no replay or redelivery to judge.",
+    )
+
+
+def test_an_accepted_ambiguity_without_a_second_receipt_is_a_gap_not_a_verdict() -> None:
+    facts = console_claim(
+        invocations=(
+            invocation(1, outcome="outcome_unknown", receipt=""),
+            invocation(2, receipt="msg_B", justification="epoch_admitted"),
+        ),
+        decisions=(DecisionFact(CMD, "accept_ambiguity", "otto"),),
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == []
+    assert any("neither proven nor ruled out" in gap for gap in assessment.gaps)
+
+
+def test_a_truncated_chain_says_so() -> None:
+    facts = console_claim(event("claim.replayed", execution_id="exec-b"))
+    facts = dataclasses.replace(facts, events_total=900)
+
+    assessment = assess(facts)
+
+    assert assessment.codes == [CONTROL_WORKING]
+    assert any("The chain has 900 audit events" in gap for gap in assessment.gaps)
+
+
+def test_a_clean_single_claim_is_none_of_the_stories() -> None:
+    assessment = assess(console_claim())
+
+    assert assessment.codes == [] and not assessment.gaps
+    assert assessment.summary.startswith("None of the five stories")
+
+
+def test_a_raw_token_is_never_searched_for_itself() -> None:
+    read = query_read("  apv_" + "x" * 43 + " ")
+    assert read.q == "" and len(read.fingerprint_of_token) == 16
+    assert query_read("rk_" + "y" * 40).refusal
+    assert query_read("z" * 201).refusal
+    assert query_read(" exec-a ").q == "exec-a"
+    assert query_read("apv_runner-1").q == "apv_runner-1", "too short to be a token"
+
+
+# --- the five stories, through the real API and services ----------------------------------
+
+VERDICT = re.compile(r'data-verdict="([a-z_]+)"')
+
+
+@pytest.fixture
+def ops(operator: Any) -> Client:
+    client = Client()
+    assert client.login(username=operator.username, password=PASSWORD)
+    return client
+
+
+def investigate(client: Client, q: str) -> tuple[int, str]:
+    response = client.get("/investigations/", {"q": q})
+    return response.status_code, response.content.decode()
+
+
+def page_of(client: Client, q: str) -> str:
+    status, page = investigate(client, q)
+    assert status == 200, (q, status)
+    return page
+
+
+def verdicts(page: str) -> list[str]:
+    return VERDICT.findall(page)
+
+
+@dataclass
+class Story:
+    occurrence_id: str
+    fingerprint: str
+    command_id: str
+    token: str
+
+
+def claimed(
+    runtime: Runtime,
+    reviewer: Any,
+    execution_id: str,
+    *,
+    tool: str = "issue_refund",
+    arguments: dict[str, Any] | None = None,
+    ref: str = "",
+    message_id: str = "",
+) -> Story:
+    """Propose, approve, pick up the token once and claim it for ``execution_id``."""
+    arguments = dict(REFUND_ARGS if arguments is None else arguments)
+    fields = {"client_ref": ref} if ref else {}
+    proposed = runtime.propose(tool=tool, arguments=arguments, **fields)
+    assert proposed.status_code == 201, proposed.content
+    occurrence_id = proposed.json()["occurrence_id"]
+    assert approve(occurrence_id, reviewer).issued
+    token = runtime.token(occurrence_id).json()["token"]
+    extra = {"message_id": message_id} if message_id else {}
+    claim = runtime.claim(token, execution_id, tool=tool, arguments=arguments, **extra)
+    assert claim.status_code == 200 and claim.json()["decision"] == "approved", claim.content
+    fingerprint = Approval.objects.get(occurrence_id=occurrence_id).fingerprint
+    return Story(occurrence_id, fingerprint, claim.json()["command_id"], token)
+
+
+def ingest(producer: Runtime, *lines: dict[str, Any]) -> Any:
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    response = producer.client.post(
+        "/api/v1/audit/events", body, content_type="application/x-ndjson"
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def producer_line(**fields: Any) -> dict[str, Any]:
+    return {
+        "event_id": str(uuid.uuid4()),
+        "kind": "approval_decision",
+        "fingerprint": "feedface00000001",
+        "decision": "approved",
+        "execution_id": "exec-x",
+        "message_id": "msg-x",
+        "command_id": str(uuid.uuid4()),
+        "source_time": "2026-08-04T10:00:00.000000Z",
+        **fields,
+    }
+
+
+def control_working(runtime: Runtime, reviewer: Any, ref: str = "cw") -> Story:
+    story = claimed(runtime, reviewer, "exec-a", ref=ref, message_id="m-a")
+    replay = runtime.claim(story.token, "exec-b", message_id="m-b")
+    assert replay.status_code == 403 and replay.json()["decision"] == "replayed"
+    return story
+
+
+@pytest.mark.django_db
+def test_story_control_working(runtime: Runtime, reviewer: Any, ops: Client) -> None:
+    story = control_working(runtime, reviewer)
+
+    status, page = investigate(ops, story.fingerprint)
+
+    assert status == 200
+    assert verdicts(page) == [CONTROL_WORKING]
+    assert "1 attempt by other executions refused as replayed: exec-b" in page
+    assert story.command_id in page and "claim.replayed" in page and "claim.approved" in page
+    assert story.token not in page
+
+
+@pytest.mark.django_db
+def test_story_healthy_redelivery(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = claimed(runtime, reviewer, "exec-h", message_id="m-1")
+    again = runtime.claim(story.token, "exec-h", message_id="m-2")
+    assert again.json()["decision"] == "duplicate_delivery"
+    command_dispatch(command_id=story.command_id, message_id="q-1")
+    command_dispatch(command_id=story.command_id, message_id="q-2")  # the broker again
+    assert len(remote.refunds()) == 1
+
+    page = page_of(ops, story.fingerprint)
+
+    assert verdicts(page) == [HEALTHY_REDELIVERY]
+    assert "Execution exec-h claimed the token twice" in page
+    assert "dispatch.redelivered" in page and "already committed, so nothing was called" in page
+    for message in ("m-1", "m-2", "q-1", "q-2"):
+        assert message in page
+    [refund] = remote.refunds()
+    assert refund["id"] in page, "the one receipt"
+
+
+@pytest.mark.django_db
+def test_story_duplicated_audit_delivery(runtime: Runtime, tenant: Any, ops: Client) -> None:
+    producer = make_runtime(tenant, "log-shipper")
+    line = producer_line()
+    assert ingest(producer, line)["new"] == 1
+    assert ingest(producer, line)["duplicates"] == 1, "the sink delivered it again"
+
+    page = page_of(ops, line["fingerprint"])
+
+    assert verdicts(page) == [DUPLICATED_AUDIT_DELIVERY]
+    assert f"Producer event {line['event_id']}" in page and "delivered twice" in page
+    assert "delivered \u00d72" in page
+    delivery = AuditDuplicateDelivery.objects.get()
+    assert f"batch #{delivery.ingestion_id}" in page
+
+
+@pytest.mark.django_db
+def test_story_idempotent_execution_failure(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    """An unsafe webhook whose first call hangs; an operator accepts the ambiguity while it
+    is in flight; the command is delivered again and both calls reach the receiver, which
+    does not deduplicate: two messages under one idempotency key."""
+    story = claimed(
+        runtime, reviewer, "exec-w", tool="send_message", arguments=MESSAGE_ARGS, message_id="m-w"
+    )
+    slow = begin(command_id=story.command_id, message_id="q-1")
+    answer = perform(slow)  # the receiver took it; the worker has not recorded it yet
+    response = ops.post(
+        f"/operations/commands/{story.command_id}/accept-ambiguity",
+        {"note": "the customer says nothing arrived"},
+    )
+    assert response.status_code == 302
+    command_dispatch(command_id=story.command_id, message_id="q-2")
+    record(slow, answer)  # the first worker comes back: a late result
+    assert len(remote.messages()) == 2
+    receipts = set(
+        AdapterInvocation.objects.filter(command_id=story.command_id).values_list(
+            "receipt", flat=True
+        )
+    )
+    assert len(receipts) == 2
+
+    page = page_of(ops, story.command_id)
+
+    assert verdicts(page) == [IDEMPOTENT_EXECUTION_FAILURE]
+    assert "2 distinct receipts under one key" in page
+    for receipt in receipts:
+        assert receipt in page
+    assert "otto accepted the ambiguity" in page
+
+
+@pytest.mark.django_db
+def test_story_control_failure(runtime: Runtime, reviewer: Any, tenant: Any, ops: Client) -> None:
+    story = claimed(runtime, reviewer, "exec-a", ref="cf")
+    other_system = make_runtime(tenant, "legacy-worker")
+    ingest(other_system, producer_line(fingerprint=story.fingerprint, execution_id="exec-z"))
+
+    page = page_of(ops, story.fingerprint)
+
+    assert verdicts(page) == [CONTROL_FAILURE]
+    assert "approved decisions for 2 executions: exec-a, exec-z" in page
+    assert "This console&#x27;s own claim admitted only exec-a" in page
+    assert Command.objects.count() == 1, "the console itself created one command"
+
+
+@pytest.mark.django_db
+def test_the_five_stories_are_told_apart(
+    runtime: Runtime, reviewer: Any, tenant: Any, ops: Client
+) -> None:
+    """All five in one tenant at once: each fingerprint gets its own verdict only."""
+    working = control_working(runtime, reviewer, ref="s1")
+    healthy = claimed(runtime, reviewer, "exec-h", ref="s2")
+    runtime.claim(healthy.token, "exec-h")
+    failure = claimed(runtime, reviewer, "exec-f", ref="s3")
+    producer = make_runtime(tenant, "producer")
+    duplicated = producer_line(fingerprint="d0d0d0d0d0d0d0d0")
+    ingest(
+        producer, duplicated, producer_line(fingerprint=failure.fingerprint, execution_id="exec-g")
+    )
+    ingest(producer, duplicated)
+
+    assert verdicts(investigate(ops, working.fingerprint)[1]) == [CONTROL_WORKING]
+    assert verdicts(investigate(ops, healthy.fingerprint)[1]) == [HEALTHY_REDELIVERY]
+    assert verdicts(investigate(ops, failure.fingerprint)[1]) == [CONTROL_FAILURE]
+    assert verdicts(investigate(ops, "d0d0d0d0d0d0d0d0")[1]) == [DUPLICATED_AUDIT_DELIVERY]
+
+
+# --- searching ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_search_by_each_kind_of_id_finds_the_same_chain(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+
+    for q in (story.fingerprint, "exec-a", "exec-b", story.command_id, story.occurrence_id):
+        status, page = investigate(ops, q)
+        assert status == 200, q
+        assert verdicts(page) == [CONTROL_WORKING], q
+        assert story.fingerprint in page and story.command_id in page, q
+        assert f"/operations/occurrences/{story.occurrence_id}/" in page, q
+        assert "m-a" in page and "m-b" in page, "the queue message ids"
+
+
+@pytest.mark.django_db
+def test_nothing_found_says_so(ops: Client) -> None:
+    status, page = investigate(ops, "no-such-thing")
+    assert status == 200
+    assert "Nothing found" in page and "no-such-thing" in page
+    assert verdicts(page) == []
+
+
+@pytest.mark.django_db
+def test_an_unknown_tokens_fingerprint_is_found_and_judged_insufficient(
+    runtime: Runtime, ops: Client
+) -> None:
+    bogus = "apv_" + "q" * 43
+    assert runtime.claim(bogus, "exec-probe").json()["decision"] == "unknown_token"
+
+    page = page_of(ops, tokens.fingerprint(bogus))
+
+    assert "Verdict: the evidence is insufficient" in page
+    assert "No claim here was approved (1 unknown_token)" in page
+    assert "exec-probe" in page and bogus not in page
+
+
+@pytest.mark.django_db
+def test_an_empty_search_shows_the_box(ops: Client) -> None:
+    response = ops.get("/investigations/")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert 'id="investigate-form"' in page and 'id="verdict"' not in page
+
+
+@pytest.mark.django_db
+def test_a_raw_token_is_replaced_by_its_fingerprint_and_never_shown(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+
+    response = ops.get("/investigations/", {"q": story.token})
+
+    assert response.status_code == 302
+    assert story.token not in response["Location"]
+    assert f"q={story.fingerprint}" in response["Location"]
+    page = ops.get(response["Location"]).content.decode()
+    assert story.token not in page
+    assert "replaced by its fingerprint" in page
+    assert verdicts(page) == [CONTROL_WORKING]
+
+
+@pytest.mark.django_db
+def test_no_raw_token_on_any_page(runtime: Runtime, reviewer: Any, ops: Client) -> None:
+    stories = [control_working(runtime, reviewer, ref=f"t{n}") for n in range(2)]
+    for story in stories:
+        for q in (story.fingerprint, story.command_id, story.occurrence_id, "exec-a"):
+            page = investigate(ops, q)[1]
+            for other in stories:
+                assert other.token not in page
+                assert other.token[4:20] not in page
+
+
+# --- tenants and roles ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_nothing_of_another_tenant_is_found(
+    runtime: Runtime, other_runtime: Runtime, reviewer: Any, other_tenant: Any, ops: Client
+) -> None:
+    ours = control_working(runtime, reviewer)
+    other_reviewer = make_user("olga", other_tenant, Membership.Role.REVIEWER)
+    theirs = control_working(other_runtime, other_reviewer)
+    ingest(other_runtime, producer_line(fingerprint=theirs.fingerprint, execution_id="exec-a"))
+
+    named = {theirs.fingerprint, theirs.command_id, theirs.occurrence_id}
+    for q in named:
+        status, page = investigate(ops, q)
+        assert status == 200 and "Nothing found" in page, q
+        assert verdicts(page) == []
+        for other in named - {q}:
+            assert other not in page, (q, other)
+    # The same execution id in both tenants: only ours.
+    page = investigate(ops, "exec-a")[1]
+    assert ours.occurrence_id in page and ours.fingerprint in page
+    assert theirs.occurrence_id not in page and theirs.fingerprint not in page
+    assert verdicts(page) == [CONTROL_WORKING]
+
+
+@pytest.mark.django_db
+def test_an_operator_of_two_tenants_sees_both_each_named(
+    runtime: Runtime, other_runtime: Runtime, reviewer: Any, other_tenant: Any, operator: Any
+) -> None:
+    Membership.objects.create(user=operator, tenant=other_tenant, role=Membership.Role.OPERATOR)
+    ours = control_working(runtime, reviewer)
+    theirs = control_working(
+        other_runtime, make_user("olga", other_tenant, Membership.Role.REVIEWER)
+    )
+    client = Client()
+    client.login(username=operator.username, password=PASSWORD)
+
+    page = page_of(client, "exec-a")
+
+    assert ours.occurrence_id in page and theirs.occurrence_id in page
+    assert ">Acme<" in page and ">Globex<" in page
+    assert verdicts(page) == [CONTROL_WORKING]
+    assert f"Fingerprint {ours.fingerprint} was approved once" in page
+    assert f"Fingerprint {theirs.fingerprint} was approved once" in page
+
+
+@pytest.mark.django_db
+def test_operators_and_admins_investigate_reviewers_are_refused(
+    client: Client, runtime: Runtime, reviewer: Any, operator: Any, tenant: Any
+) -> None:
+    story = control_working(runtime, reviewer)
+    url = f"/investigations/?q={story.fingerprint}"
+
+    assert client.get(url).status_code == 302  # sign in first
+    client.login(username=reviewer.username, password=PASSWORD)
+    assert client.get(url).status_code == 403
+
+    client.login(username=operator.username, password=PASSWORD)
+    page = client.get(url).content.decode()
+    assert verdicts(page) == [CONTROL_WORKING]
+    assert f"/operations/occurrences/{story.occurrence_id}/" in page
+    assert 'href="/investigations/" aria-current="page">Investigate</a>' in page
+    assert 'aria-current="page">Operations</a>' not in page
+    queue = client.get("/operations/").content.decode()
+    assert 'href="/investigations/">Investigate</a>' in queue
+
+    admin = make_user("ada", tenant, Membership.Role.ADMIN)
+    client.login(username=admin.username, password=PASSWORD)
+    page = client.get(url).content.decode()
+    assert verdicts(page) == [CONTROL_WORKING]
+    # An admin who is no operator reads the occurrence on its review page.
+    assert f"/reviews/{story.occurrence_id}/" in page
+    assert f"/operations/occurrences/{story.occurrence_id}/" not in page
+    inbox = client.get("/reviews/").content.decode()
+    assert 'href="/investigations/">Investigate</a>' in inbox
+
+
+@pytest.mark.django_db
+def test_reviewers_see_no_investigate_link(client: Client, reviewer: Any) -> None:
+    client.login(username=reviewer.username, password=PASSWORD)
+    assert ">Investigate</a>" not in client.get("/reviews/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_page_answers_get_only(ops: Client) -> None:
+    assert ops.post("/investigations/", {"q": "x"}).status_code == 405
+
+
+# --- queries per page -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_queries_do_not_grow_with_rows(
+    runtime: Runtime, reviewer: Any, tenant: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+    producer = make_runtime(tenant, "producer")
+    line = producer_line(
+        fingerprint=story.fingerprint, execution_id="exec-a", command_id=story.command_id
+    )
+    ingest(producer, line, line)
+    searches = (story.fingerprint, story.command_id, story.occurrence_id, "exec-a")
+    investigate(ops, "warm-up")
+    few = {}
+    for q in searches:
+        with CaptureQueriesContext(connection) as queries:
+            assert investigate(ops, q)[0] == 200
+        few[q] = len(queries)
+
+    for n in range(6):
+        runtime.claim(story.token, f"exec-r{n}", message_id=f"m-r{n}")
+        runtime.claim(story.token, "exec-a", message_id=f"m-d{n}")
+        ingest(producer, line)
+        ingest(
+            producer,
+            producer_line(
+                fingerprint=story.fingerprint, execution_id="exec-a", command_id=story.command_id
+            ),
+        )
+        AdapterInvocation.objects.create(
+            command_id=story.command_id,
+            epoch=Command.objects.get(pk=story.command_id).epoch,
+            number=n + 1,
+            kind="query",
+            justification="effect_queryable",
+            started_at=T0,
+        )
+
+    for q in searches:
+        with CaptureQueriesContext(connection) as queries:
+            status, page = investigate(ops, q)
+        assert status == 200
+        assert "exec-r5" in page and "m-d5" in page
+        assert len(queries) == few[q], q

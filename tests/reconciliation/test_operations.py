@@ -1,0 +1,385 @@
+"""The operators' console: the queue, an occurrence's timeline, and each decision, refused
+with the new state shown when the state no longer allows it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from approvals.models import Approval, AuditEvent, Command, Epoch, Membership
+from reconciliation.dispatch import begin, command_dispatch
+from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
+from tests.conftest import PASSWORD, Runtime, approve, make_user
+from tests.reconciliation.conftest import claim_command
+from tests.reconciliation.sandbox_fixture import SandboxProcess
+
+pytestmark = pytest.mark.django_db
+
+State = Command.State
+
+
+@pytest.fixture
+def ops(operator: Any) -> Client:
+    client = Client()
+    assert client.login(username=operator.username, password=PASSWORD)
+    return client
+
+
+def act(client: Client, command: Command, action: str, **fields: str) -> Any:
+    return client.post(
+        f"/operations/commands/{command.pk}/{action}", {"note": "checked the ledger", **fields}
+    )
+
+
+def unknown_message(
+    runtime: Runtime, reviewer: Any, remote: SandboxProcess, ref: str = ""
+) -> Command:
+    command = claim_command(runtime, reviewer, "send_message", ref=ref)
+    remote.fault("timeout_after_effect")
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+    return command
+
+
+# --- access -------------------------------------------------------------------------------
+
+
+def test_only_operators_open_the_operations_console(
+    client: Client, reviewer: Any, operator: Any
+) -> None:
+    assert client.get("/operations/").status_code == 302  # sign in first
+    client.login(username=reviewer.username, password=PASSWORD)
+    assert client.get("/operations/").status_code == 403
+    client.login(username=operator.username, password=PASSWORD)
+    assert client.get("/operations/").status_code == 200
+
+
+def test_another_tenants_occurrence_is_not_found(
+    remote: SandboxProcess, other_runtime: Runtime, other_tenant: Any, ops: Client
+) -> None:
+    other_reviewer = make_user("olga", other_tenant, Membership.Role.REVIEWER)
+    command = unknown_message(other_runtime, other_reviewer, remote)
+
+    assert ops.get(f"/operations/occurrences/{command.occurrence_id}/").status_code == 404
+    assert act(ops, command, "reconcile", outcome="committed", evidence="x").status_code == 404
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+
+
+def test_actions_need_csrf(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, operator: Any
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    client = Client(enforce_csrf_checks=True)
+    client.login(username=operator.username, password=PASSWORD)
+
+    response = act(client, command, "reconcile", outcome="committed", evidence="msg_1")
+
+    assert response.status_code == 403
+    assert not OperatorDecision.objects.exists()
+
+
+# --- the queue ----------------------------------------------------------------------------
+
+
+def test_the_queue_lists_what_needs_a_person_oldest_first_with_counts(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, settings: Any
+) -> None:
+    unknown = unknown_message(runtime, reviewer, remote, ref="m1")
+    interrupted = claim_command(runtime, reviewer, ref="r1")
+    remote.fault("unauthorized")
+    command_dispatch(command_id=interrupted.pk)
+    expired = runtime.propose(client_ref="r2").json()["occurrence_id"]
+    approve(expired, reviewer)
+    Approval.objects.filter(occurrence_id=expired).update(
+        issued_at=timezone.now() - timedelta(hours=1),
+        expires_at=timezone.now() - timedelta(minutes=1),
+    )
+    stuck = claim_command(runtime, reviewer, ref="r3")
+    begin(command_id=stuck.pk)
+    settings.OPERATIONS_STUCK_SECONDS = 0
+
+    page = ops.get("/operations/").content.decode()
+
+    assert "<strong>1</strong> outcome unknown" in page
+    assert "<strong>1</strong> interrupted" in page
+    assert "<strong>1</strong> approval expired unclaimed" in page
+    assert "<strong>1</strong> stuck sending" in page
+    assert str(unknown.occurrence_id) in page and str(interrupted.occurrence_id) in page
+    assert "80.00" in page, "the amount read for people"
+    only_unknown = ops.get("/operations/?reason=outcome_unknown").content.decode()
+    assert str(unknown.occurrence_id) in only_unknown
+    assert str(interrupted.occurrence_id) not in only_unknown
+    by_tool = ops.get("/operations/?tool=send_message").content.decode()
+    assert str(unknown.occurrence_id) in by_tool and str(interrupted.occurrence_id) not in by_tool
+
+
+def test_the_queue_poll_renders_the_list_alone(ops: Client) -> None:
+    response = ops.get("/operations/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="queue-list"') and "<html" not in body
+
+
+def test_queries_per_queue_page_do_not_grow_with_rows(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    unknown_message(runtime, reviewer, remote, ref="a")
+    with CaptureQueriesContext(connection) as few:
+        assert ops.get("/operations/").status_code == 200
+    for n in range(4):
+        unknown_message(runtime, reviewer, remote, ref=f"b{n}")
+    with CaptureQueriesContext(connection) as many:
+        response = ops.get("/operations/")
+    assert (
+        response.status_code == 200
+        and "<strong>5</strong> outcome unknown" in response.content.decode()
+    )
+    assert len(many) == len(few)
+
+
+# --- the timeline ---------------------------------------------------------------------------
+
+
+def test_the_timeline_shows_the_three_dimensions_and_every_step(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    remote.fault("unauthorized")
+    command_dispatch(command_id=command.pk)
+
+    response = ops.get(f"/operations/occurrences/{command.occurrence_id}/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Why nothing runs:" in page and "It waits for authority" in page
+    for title in ("Recovery", "Authority", "Effect"):
+        assert f">{title}</h2>" in page
+    assert "Stopped: authentication challenge" in page
+    assert "Bearer realm=&quot;payments&quot;" in page
+    for kind in (
+        "occurrence.proposed",
+        "approval.issued",
+        "claim.approved",
+        "effect.sending",
+        "effect.rejected",
+        "recovery.interrupted",
+        "invocation.execute",
+    ):
+        assert kind in page, kind
+    for event in AuditEvent.objects.filter(occurrence_id=command.occurrence_id):
+        assert str(event.event_id) in page
+
+
+def test_queries_per_timeline_do_not_grow_with_events(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    url = f"/operations/occurrences/{command.occurrence_id}/"
+    with CaptureQueriesContext(connection) as few:
+        assert ops.get(url).status_code == 200
+    token_claims = [runtime.claim("apv_bogus", f"x-{n}") for n in range(3)]
+    assert all(r.status_code == 403 for r in token_claims)
+    act(ops, command, "reconcile", outcome="committed", evidence="msg_1")
+    ops.get(url)  # shows (and so deletes) the decision's message from the session
+    with CaptureQueriesContext(connection) as many:
+        response = ops.get(url)
+    assert response.status_code == 200 and "operator.reconcile" in response.content.decode()
+    assert len(many) == len(few)
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+def test_query_effect_finds_a_committed_refund_with_its_receipt(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, operator: Any
+) -> None:
+    command = claim_command(runtime, reviewer)
+    begin(command_id=command.pk)  # a worker died after phase 1 ...
+    remote.client.post(  # ... and the refund went out anyway (as seen by the remote)
+        "/v1/refunds",
+        json={"payment_id": "pay_123", "amount_minor": 8000, "currency": "EUR", "reason": "x"},
+        headers={
+            "Authorization": f"Bearer {remote.api_key}",
+            "Idempotency-Key": command.idempotency_key,
+        },
+    )
+    [refund] = remote.refunds()
+
+    response = act(ops, command, "query-effect")
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    decision = OperatorDecision.objects.get(command=command)
+    assert (decision.action, decision.finding, decision.evidence) == (
+        "query_effect",
+        "committed",
+        refund["id"],
+    )
+    assert decision.operator == operator.username and decision.note == "checked the ledger"
+    event = AuditEvent.objects.get(kind="operator.query_effect")
+    assert event.actor == operator.username and event.data["receipt"] == refund["id"]
+    page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    assert "The adapter found the effect: committed" in page
+
+
+def test_query_effect_not_found_reconciles_as_not_committed_and_justifies_a_retry(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    begin(command_id=command.pk)
+
+    act(ops, command, "query-effect")
+    command.refresh_from_db()
+    assert command.state == State.RECONCILED
+
+    response = act(ops, command, "retry")
+
+    assert response.status_code == 302
+    epoch = Epoch.objects.get(occurrence_id=command.occurrence_id, number=2)
+    assert epoch.justification == Epoch.Justification.RECONCILED_NOT_COMMITTED
+    admission = EpochAdmission.objects.get(epoch=epoch)
+    assert admission.decision == OperatorDecision.objects.get(action="retry")
+    command.refresh_from_db()
+    assert command.state == State.PENDING
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    assert len(remote.refunds()) == 1
+
+
+def test_query_effect_is_refused_for_an_adapter_that_cannot_answer(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+
+    response = act(ops, command, "query-effect")
+
+    assert response.status_code == 409
+    assert "cannot be asked about an effect" in response.content.decode()
+    assert not OperatorDecision.objects.exists()
+
+
+def test_reconcile_by_hand_needs_a_note_an_outcome_and_evidence(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+
+    assert (
+        act(ops, command, "reconcile", note="", outcome="committed", evidence="x").status_code
+        == 422
+    )
+    assert act(ops, command, "reconcile", outcome="maybe", evidence="x").status_code == 422
+    assert act(ops, command, "reconcile", outcome="committed", evidence=" ").status_code == 422
+    assert not OperatorDecision.objects.exists()
+
+    response = act(
+        ops, command, "reconcile", outcome="committed", evidence="https://mail.example/1"
+    )
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.RECONCILED
+    decision = OperatorDecision.objects.get()
+    assert (decision.finding, decision.evidence) == ("committed", "https://mail.example/1")
+
+
+def test_accept_ambiguity_admits_a_linked_epoch_and_delivers_again_with_the_same_key(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, operator: Any
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+
+    response = act(ops, command, "accept-ambiguity", note="customer says nothing arrived")
+
+    assert response.status_code == 302
+    epoch = Epoch.objects.get(occurrence_id=command.occurrence_id, number=2)
+    assert epoch.justification == Epoch.Justification.AMBIGUITY_ACCEPTED
+    admission = EpochAdmission.objects.get(epoch=epoch)
+    assert admission.decision is not None and admission.decision.action == "accept_ambiguity"
+    assert admission.decided_by == operator.username
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    messages = remote.messages()
+    assert len(messages) == 2, "the accepted duplicate"
+    assert {m["idempotency_key"] for m in messages} == {command.idempotency_key}
+    # The approval stays consumed.
+    assert Approval.objects.get(occurrence_id=command.occurrence_id).state == "consumed"
+
+
+def test_compensate_reverses_a_committed_refund_through_the_adapter(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+
+    response = act(ops, command, "compensate", note="refunded twice by hand")
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+    [refund] = remote.refunds()
+    assert refund["status"] == "reversed"
+    decision = OperatorDecision.objects.get(action="compensate")
+    assert decision.evidence == refund["reversal_id"]
+    assert AdapterInvocation.objects.filter(command=command, kind="compensate").count() == 1
+
+
+def test_compensate_by_hand_records_its_evidence(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    act(ops, command, "reconcile", outcome="committed", evidence="msg in outbox")
+
+    response = act(ops, command, "compensate", manual_evidence="apology sent, ticket 88")
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+
+
+def test_a_decision_the_state_no_longer_allows_is_refused_with_the_new_state(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, tenant: Any
+) -> None:
+    """Two operators on one decision: the second sees what the first did."""
+    command = unknown_message(runtime, reviewer, remote)
+    other = make_user("oona", tenant, Membership.Role.OPERATOR)
+    second = Client()
+    second.login(username=other.username, password=PASSWORD)
+
+    first = act(ops, command, "reconcile", outcome="not_committed", evidence="no mail sent")
+    late = act(second, command, "accept-ambiguity", note="resend it")
+
+    assert first.status_code == 302
+    assert late.status_code == 409
+    page = late.content.decode()
+    assert "Refused: the effect is now reconciled" in page
+    assert OperatorDecision.objects.count() == 1
+    assert Epoch.objects.filter(occurrence_id=command.occurrence_id).count() == 1
+
+
+def test_a_retry_is_refused_when_the_effect_was_reconciled_as_committed(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    act(ops, command, "reconcile", outcome="committed", evidence="receipt 9")
+
+    response = act(ops, command, "retry")
+
+    assert response.status_code == 409
+    assert "would duplicate it" in response.content.decode()
+
+
+def test_an_unknown_action_is_404(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    assert act(ops, command, "delete").status_code == 404
