@@ -430,6 +430,10 @@ LOGGING = {
     "loggers": {
         "approvals": {"level": LOG_LEVEL},
         "reconciliation": {"level": LOG_LEVEL},
+        # Django's default config gives "django" a plain console handler of its own (under
+        # DEBUG) and lets it propagate too, so every line was printed twice: once plain,
+        # once by structlog. No handler of its own: one line per event, ours.
+        "django": {"handlers": [], "level": "INFO"},
         "django.request": {"level": "WARNING"},
     },
 }

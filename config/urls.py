@@ -8,6 +8,7 @@ from django.contrib.auth import views as auth_views
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.template import loader
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views import defaults
 from django.views.generic import RedirectView
@@ -25,6 +26,12 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics_view, name="metrics"),
+    # Browsers ask for /favicon.ico whatever the page says.
+    path(
+        "favicon.ico",
+        RedirectView.as_view(url=static("console/favicon.svg"), permanent=True),
+        name="favicon",
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path(

@@ -171,7 +171,8 @@ def test_add_member_refuses_a_weak_password(
     assert not get_user_model().objects.filter(username="rita").exists()
 
 
-def test_the_demo_accounts_still_sign_in(db: Any) -> None:
+def test_the_demo_accounts_still_sign_in(db: Any, settings: Any) -> None:
+    settings.DEBUG = True  # seed_demo runs only in development
     call_command("seed_demo", stdout=io.StringIO())
 
     for username, password in [("reviewer", "reviewer-demo"), ("admin", "admin-demo")]:

@@ -435,7 +435,18 @@ def test_revoke_refuses_unclear_instructions_and_revokes_nothing(
 # --- seed_demo ------------------------------------------------------------------------------
 
 
-def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(db: Any) -> None:
+def test_seed_demo_refuses_to_run_with_debug_off(db: Any, settings: Any) -> None:
+    settings.DEBUG = False
+
+    with pytest.raises(CommandError, match="runs only with DEBUG on"):
+        run("seed_demo")
+    assert not RuntimeKey.objects.exists()
+
+
+def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(
+    db: Any, settings: Any
+) -> None:
+    settings.DEBUG = True
     run("seed_demo")
     output = run("seed_demo")
 

@@ -137,3 +137,11 @@ def test_approve_form_sends_the_stored_digest_of_a_hostile_action(
     response = client.post(f"/reviews/{hostile}/approve", {"action_digest": sent})
     assert response.status_code == 302
     assert Occurrence.objects.get(pk=hostile).status == Occurrence.Status.APPROVED
+
+
+def test_the_favicon_is_served_not_a_404(client: Any) -> None:
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301
+    icon = client.get(response["Location"])
+    assert icon.status_code == 200
+    assert b"<svg" in b"".join(icon.streaming_content)

@@ -3,8 +3,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 from django.utils import timezone
 
@@ -82,6 +83,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.DEBUG:
+            # Its accounts have published passwords: never on a deployment.
+            raise CommandError(
+                "seed_demo creates accounts with published passwords and runs only with "
+                "DEBUG on (bin/demo sets DEBUG=1)."
+            )
         tenant, _ = Tenant.objects.get_or_create(
             slug=options["tenant"], defaults={"name": "Demo Shop"}
         )
