@@ -33,12 +33,30 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(RuntimeKey)
 class RuntimeKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "prefix", "is_active", "last_used_at", "created_at"]
+    list_display = [
+        "name",
+        "tenant",
+        "prefix",
+        "runtime_group",
+        "is_active",
+        "last_used_at",
+        "created_at",
+    ]
     list_filter = ["is_active", "tenant"]
     # Keys are created with `manage.py create_runtime_key` or on the console's runtime keys
     # page (/operations/keys/), which show the raw key once.
     readonly_fields = ["tenant", "key_hash", "prefix", "created_at", "last_used_at"]
-    fields = ["tenant", "name", "prefix", "is_active", "key_hash", "created_at", "last_used_at"]
+    # Keys with the same runtime group share token pickups and claims (one runtime).
+    fields = [
+        "tenant",
+        "name",
+        "prefix",
+        "runtime_group",
+        "is_active",
+        "key_hash",
+        "created_at",
+        "last_used_at",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from approvals.models import Approval, AuditEvent, Command, RuntimeKey, Tenant
-from tests.conftest import Runtime, approve, make_runtime
+from tests.conftest import PASSWORD, Runtime, approve, make_runtime
 
 
 @pytest.fixture
@@ -226,3 +227,22 @@ def test_every_api_answer_is_no_store(
     assert all(no_store(a) for a in answers), [
         (a.status_code, a.get("Cache-Control")) for a in answers
     ]
+
+
+def test_an_admin_puts_keys_in_one_runtime_group_in_the_django_admin(
+    runtime: Runtime, tenant: Tenant
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
+    client = Client()
+    client.login(username="root", password=PASSWORD)
+    url = f"/admin/approvals/runtimekey/{runtime.key.pk}/change/"
+
+    response = client.post(
+        url, {"name": runtime.key.name, "runtime_group": "support-bots", "is_active": "on"}
+    )
+
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    runtime.key.refresh_from_db()
+    assert runtime.key.runtime_group == "support-bots"
