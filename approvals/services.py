@@ -641,6 +641,19 @@ def _lock_occurrence(occurrence: Occurrence) -> Occurrence:
     )
 
 
+def _lock_approvals_then_occurrence(occurrence: Occurrence) -> Occurrence:
+    """Lock the occurrence's approvals, then the occurrence: the order a claim and a
+    revocation take them. In the opposite order a change of the occurrence (an edit, a
+    renewal) and a claim of its approval deadlock, and PostgreSQL aborts one of them."""
+    list(
+        Approval.objects.select_for_update()
+        .filter(occurrence_id=occurrence.pk)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    return _lock_occurrence(occurrence)
+
+
 def _require_pending(occurrence: Occurrence) -> None:
     if occurrence.status != Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
@@ -774,16 +787,7 @@ def proposal_edit(
     never authorize the new version (a claim with it gets ``scope_mismatch``).
     """
     with transaction.atomic():
-        # Take the locks in the order a claim and a revocation take them (approval, then
-        # occurrence): in the opposite order an edit and a claim of the same approval
-        # deadlock, and PostgreSQL aborts one of them.
-        list(
-            Approval.objects.select_for_update()
-            .filter(occurrence_id=occurrence.pk)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        occ = _lock_occurrence(occurrence)
+        occ = _lock_approvals_then_occurrence(occurrence)
         _require_role(editor, occ.tenant_id, Membership.Role.REVIEWER)
         if occ.status not in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}:
             raise ServiceError("not_editable", "Only a pending or unclaimed request can be edited.")
@@ -897,14 +901,7 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
     ``claimed``, ``rejected``, ``revoked``, ``auto_admitted``.
     """
     with transaction.atomic():
-        # The lock order of an edit, a claim and a revocation: approvals, then the occurrence.
-        list(
-            Approval.objects.select_for_update()
-            .filter(occurrence_id=occurrence.pk)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        occ = _lock_occurrence(occurrence)
+        occ = _lock_approvals_then_occurrence(occurrence)
         now = db_now()
         current = occ.proposals.get(is_current=True)
         approval = Approval.objects.filter(proposal=current).first()

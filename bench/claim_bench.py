@@ -140,7 +140,8 @@ def make_world() -> World:
         # A flushed test database loses the shipped contracts; put the one used back.
         from importlib import import_module
 
-        shipped = import_module("approvals.migrations.0006_shipped_contracts_executed_by").CONTRACTS
+        migration = "approvals.migrations.0013_currency_quorum_and_identifier_patterns"
+        shipped = import_module(migration).CONTRACTS
         (defaults,) = [c for c in shipped if c["name"] == TOOL]
         contract = ToolContract.objects.create(**defaults)
     tenant = services.tenant_create(slug=f"bench-{uuid.uuid4().hex[:12]}")
