@@ -353,22 +353,21 @@ class ApprovalOut(Schema):
     consumed_at: datetime | None
 
 
+# The effect vocabulary of DESIGN.md, as the API names it (``Command.effect_state``).
+EffectState = Literal[
+    "not_sent", "sending", "committed", "rejected", "outcome_unknown", "reconciled", "compensated"
+]
+ExecutedBy = Literal["console", "runtime"]
+
+
 class CommandOut(Schema):
     id: str
     idempotency_key: str
     state: str = Field(
         ..., description="The command's effect; `pending` means not sent (`effect_state`)."
     )
-    effect_state: Literal[
-        "not_sent",
-        "sending",
-        "committed",
-        "rejected",
-        "outcome_unknown",
-        "reconciled",
-        "compensated",
-    ]
-    executed_by: Literal["console", "runtime"]
+    effect_state: EffectState
+    executed_by: ExecutedBy
     execution_id: str
 
 
@@ -421,7 +420,7 @@ class ClaimOut(Schema):
     decision: Literal["approved", "duplicate_delivery"]
     command_id: str
     idempotency_key: str
-    executed_by: Literal["console", "runtime"] = Field(
+    executed_by: ExecutedBy = Field(
         ...,
         description="`console`: the console delivers the command to its adapter. `runtime`: "
         "call the tool yourself with `idempotency_key` and report the outcome with "
@@ -779,7 +778,7 @@ class ToolOut(Schema):
     )
     replay_safety: Literal["read_only", "idempotent_with_key", "effect_queryable", "unsafe"]
     risk: str
-    executed_by: Literal["console", "runtime"] = Field(
+    executed_by: ExecutedBy = Field(
         ...,
         description="`console`: the console calls the tool after a claim; `runtime`: the "
         "runtime calls it and reports the effect.",

@@ -12,15 +12,11 @@ from django.http import Http404, HttpRequest
 from ninja import Field, Router, Schema, Status
 from pydantic import StrictStr
 
-from approvals.api import ErrorOut, StrictSchema, runtime_key_of
+from approvals.api import EffectState, ErrorOut, ExecutedBy, StrictSchema, runtime_key_of
 from approvals.selectors import parse_uuid
 from reconciliation import selectors, services
 
 router = Router(tags=["execution"])
-
-EffectState = Literal[
-    "not_sent", "sending", "committed", "rejected", "outcome_unknown", "reconciled", "compensated"
-]
 
 
 class InvocationOut(Schema):
@@ -68,7 +64,7 @@ class CommandDetailOut(Schema):
     tool: str
     idempotency_key: str
     execution_id: str
-    executed_by: Literal["console", "runtime"]
+    executed_by: ExecutedBy
     state: str
     effect_state: EffectState
     created_at: datetime
