@@ -398,10 +398,28 @@ class OccurrenceOut(Schema):
     epochs: list[EpochOut]
 
 
+class TokenIn(StrictSchema):
+    execution_id: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The execution that will claim: binds the approval to it, and lets it "
+        "ask again (a re-delivery) while the approval is unclaimed.",
+    )
+
+
 class TokenOut(Schema):
     token: str
     fingerprint: str
     expires_at: datetime
+    execution_id: str | None = Field(
+        None, description="The execution the approval is bound to; null when picked up without one."
+    )
+    redelivered: bool = Field(
+        False,
+        description="True when this is a fresh token for the same execution; "
+        "the previous one is void.",
+    )
 
 
 class ActionIn(StrictSchema):
@@ -675,17 +693,36 @@ def occurrence_renew(request: HttpRequest, occurrence_id: str) -> dict[str, Any]
 
 @api.post(
     "/occurrences/{occurrence_id}/token",
-    response={200: TokenOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+    response={
+        200: TokenOut,
+        **_AUTH_ERRORS,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        **_BODY_ERRORS,
+    },
 )
 def token_pickup(
-    request: HttpRequest, occurrence_id: str, response: HttpResponse
+    request: HttpRequest,
+    occurrence_id: str,
+    response: HttpResponse,
+    payload: TokenIn | None = None,
 ) -> dict[str, Any]:
-    """Hand out the approval's token once. Later calls get 409 token_already_delivered.
-    Only the key that proposed the request (or one of its runtime group) may: another key
-    of the tenant gets 403 other_runtime_key."""
+    """Hand out the approval's token. Only the key that proposed the request (or one of its
+    runtime group) may: another key of the tenant gets 403 other_runtime_key.
+
+    Without a body (or without `execution_id`), once: later calls get 409
+    token_already_delivered. With `{"execution_id"}`, the first pickup binds the approval
+    to that execution, which alone may claim it; while it is unclaimed, the same execution
+    may ask again after a crash and gets a fresh token (`redelivered: true`; the previous
+    token is void, and a claim with it is `replayed`, reason `token_redelivered`). Another
+    execution gets 409 token_already_delivered; an ask after the claim gets 409 claimed
+    with `details.command_id` and `details.execution_id`."""
     occurrence = _get_occurrence(request, occurrence_id)
     delivered = services.approval_deliver_token(
-        occurrence=occurrence, runtime_key=runtime_key_of(request)
+        occurrence=occurrence,
+        runtime_key=runtime_key_of(request),
+        execution_id=(payload.execution_id or "") if payload is not None else "",
     )
     # The one answer that carries a raw token: no cache, proxy or browser may keep it
     # (NoStoreMiddleware says the same of every API answer; this one does not rely on it).
@@ -694,6 +731,8 @@ def token_pickup(
         "token": delivered.token,
         "fingerprint": delivered.approval.fingerprint,
         "expires_at": delivered.approval.expires_at,
+        "execution_id": delivered.approval.bound_execution_id or None,
+        "redelivered": delivered.redelivered,
     }
 
 

@@ -58,6 +58,7 @@ _CONSUME = """
        SET state = %s, consumed_at = {now}, consumed_by_execution = %s
      WHERE tenant_id = %s AND token_hash = %s AND state = %s AND action_digest = %s
        AND superseded_at IS NULL AND expires_at > {now}
+       AND (bound_execution_id = '' OR bound_execution_id = %s)
  RETURNING id, occurrence_id, fingerprint,
            (SELECT COUNT(*) FROM {epoch} WHERE {epoch}.occurrence_id = {approval}.occurrence_id)
 """
@@ -73,6 +74,7 @@ def consume(*, tenant_id: int, token_hash: str, digest: str, execution_id: str) 
         token_hash,
         Approval.State.ISSUED.value,
         digest,
+        execution_id,
     )
     with connection.cursor() as cursor:
         cursor.execute(_sql(_CONSUME), params)
@@ -97,13 +99,15 @@ class FoundApproval(NamedTuple):
     tool_name: str
     action_digest: str
     consumed_by_execution: str
+    bound_execution_id: str  # "" unless a pickup bound the approval to an execution
     superseded: bool
     expired: bool  # expires_at has passed by the same clock the guard used
 
 
 _FIND = """
     SELECT id, occurrence_id, token_hash, fingerprint, state, tool_name, action_digest,
-           consumed_by_execution, superseded_at IS NOT NULL, expires_at <= {now}
+           consumed_by_execution, bound_execution_id, superseded_at IS NOT NULL,
+           expires_at <= {now}
       FROM {approval}
      WHERE tenant_id = %s AND token_hash = %s
 """
@@ -116,7 +120,19 @@ def find_approval(*, tenant_id: int, token_hash: str) -> FoundApproval | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    (pk, occurrence_id, found_hash, fingerprint, state, tool, digest, execution, sup, exp) = row
+    (
+        pk,
+        occurrence_id,
+        found_hash,
+        fingerprint,
+        state,
+        tool,
+        digest,
+        execution,
+        bound,
+        sup,
+        exp,
+    ) = row
     return FoundApproval(
         pk,
         _uuid(occurrence_id),
@@ -126,6 +142,7 @@ def find_approval(*, tenant_id: int, token_hash: str) -> FoundApproval | None:
         tool,
         digest,
         execution,
+        bound,
         bool(sup),  # SQLite answers 0 or 1
         bool(exp),
     )

@@ -457,6 +457,10 @@ class Approval(models.Model):
     superseded_at = models.DateTimeField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)
     consumed_by_execution = models.CharField(max_length=200, blank=True)
+    # The execution a pickup with an ``execution_id`` bound the approval to: only it may
+    # ask for the token again (a re-delivery) or claim. Empty: picked up without one (or
+    # not yet), the single delivery of API v1 as first shipped.
+    bound_execution_id = models.CharField(max_length=200, blank=True, default="")
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=150, blank=True)
     revoke_reason = models.TextField(blank=True)
@@ -484,6 +488,19 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"approval {self.fingerprint or self.pk} ({self.state})"
+
+
+class RetiredToken(models.Model):
+    """A token a re-delivery replaced: its hash stays known, so a claim with it is named a
+    replay of this approval (``token_redelivered``), not an unknown token. Never claimable."""
+
+    approval = models.ForeignKey(Approval, on_delete=models.PROTECT, related_name="retired_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    fingerprint = models.CharField(max_length=16)
+    retired_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"retired token {self.fingerprint} of approval {self.approval_id}"
 
 
 class Epoch(models.Model):

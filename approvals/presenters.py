@@ -439,6 +439,7 @@ _HISTORY_DETAIL_KEYS = [
     "previous_epoch",
     "basis",
     "adapter",
+    "retired_fingerprint",
 ]
 
 
@@ -509,6 +510,12 @@ def history_row(event: AuditEvent) -> HistoryRow:
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = (
             "The queue delivered the command again; its effect was settled, so nothing was called."
+        )
+    elif event.kind == "token.redelivered":
+        flag, flag_label = "redelivery", "Re-delivery · same execution"
+        outcome = (
+            "The execution the token was delivered to asked again before claiming (it lost "
+            "the token); it got a fresh one and the earlier token can no longer be claimed."
         )
     elif event.kind == "effect.report_refused":
         flag, flag_label = "security", "Report refused"

@@ -9,7 +9,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import structlog
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -33,6 +33,7 @@ from approvals.models import (
     Membership,
     Occurrence,
     Proposal,
+    RetiredToken,
     RuntimeKey,
     Tenant,
     ToolContract,
@@ -960,6 +961,7 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
 class DeliveredToken:
     token: str
     approval: Approval
+    redelivered: bool = False  # a fresh token for the execution the approval is bound to
 
 
 def _current_approval(occurrence: Occurrence) -> Approval | None:
@@ -1006,15 +1008,24 @@ def _claimed_by_other_key(runtime_key: RuntimeKey, *, tenant: Tenant, token_hash
 
 @sensitive_variables("raw")
 def approval_deliver_token(
-    *, occurrence: Occurrence, runtime_key: RuntimeKey | None = None
+    *, occurrence: Occurrence, runtime_key: RuntimeKey | None = None, execution_id: str = ""
 ) -> DeliveredToken:
-    """Mint the approval's token and hand it out exactly once.
+    """Mint the approval's token and hand it out: once, or once per ask of one execution.
 
     The token exists in memory only for this response; the database keeps its hash.
     With ``runtime_key`` (the API's caller), only the key that proposed the occurrence, or
     a key of the same ``runtime_group``, may pick it up: another key of the tenant gets
     ``403 other_runtime_key`` and nothing changes. Without it (a caller inside the console),
     the audit event's actor is ``runtime``.
+
+    Without ``execution_id`` the token is handed out once; every later ask is
+    ``409 token_already_delivered`` (API v1 as first shipped). With one, the first pickup
+    binds the approval to that execution: only it may claim, and while the approval is
+    unclaimed it may ask again, after a crash that lost the token. Each such ask mints a
+    fresh token and retires the previous one (its hash is kept, so a claim with it is a
+    named replay, ``token_redelivered``), audited as ``token.redelivered``. Another
+    execution's ask stays ``409 token_already_delivered``; an ask after the claim is
+    ``409 claimed`` with the command.
     """
     if runtime_key is not None and not runtime_key_may_act_for(
         runtime_key, occurrence.runtime_key_id
@@ -1041,38 +1052,88 @@ def approval_deliver_token(
 
     raw = tokens.mint(tokens.APPROVAL_TOKEN_PREFIX)
     fingerprint = tokens.fingerprint(raw)
+    token_hash = tokens.hash_secret(raw)
+    deliverable = Approval.objects.filter(
+        pk=approval.pk,
+        state=Approval.State.ISSUED,
+        superseded_at__isnull=True,
+        expires_at__gt=DbNow(),
+    )
     with transaction.atomic():
-        delivered = Approval.objects.filter(
-            pk=approval.pk,
-            state=Approval.State.ISSUED,
-            token_hash__isnull=True,
-            superseded_at__isnull=True,
-            expires_at__gt=DbNow(),
-        ).update(token_hash=tokens.hash_secret(raw), fingerprint=fingerprint, delivered_at=DbNow())
+        delivered = (
+            deliverable.filter(token_hash__isnull=True).update(
+                token_hash=token_hash,
+                fingerprint=fingerprint,
+                delivered_at=DbNow(),
+                bound_execution_id=execution_id,
+            )
+            > 0
+        )
+        previous: Approval | None = None
+        if not delivered and execution_id:
+            # A re-delivery: the row lock orders two asks of one execution, so each
+            # retires exactly the token the other handed out.
+            previous = (
+                deliverable.select_for_update()
+                .filter(bound_execution_id=execution_id, token_hash__isnull=False)
+                .first()
+            )
+            if previous is not None and previous.token_hash:
+                RetiredToken.objects.create(
+                    approval_id=approval.pk,
+                    token_hash=previous.token_hash,
+                    fingerprint=previous.fingerprint,
+                    retired_at=DbNow(),
+                )
+                Approval.objects.filter(pk=approval.pk).update(
+                    token_hash=token_hash, fingerprint=fingerprint, delivered_at=DbNow()
+                )
+                delivered = True
         if not delivered:
-            approval = Approval.objects.annotate(db_now=DbNow()).get(pk=approval.pk)
-            if approval.token_hash:
-                raise ServiceError(
-                    "token_already_delivered", "The token for this approval was already picked up."
-                )
-            if approval.state == Approval.State.REVOKED:
-                raise ServiceError(
-                    "revoked", f"An admin revoked this approval: {approval.revoke_reason}"
-                )
-            if approval.state == Approval.State.EXPIRED or approval.expires_at <= approval.db_now:  # type: ignore[attr-defined]
-                raise ServiceError(
-                    "expired", "This approval expired before its token was picked up."
-                )
-            raise ServiceError("not_approved", "The approved version is no longer current.")
+            _refuse_delivery(approval.pk, execution_id)
         audit_record(
-            kind="token.delivered",
+            kind="token.redelivered" if previous is not None else "token.delivered",
             tenant=approval.tenant_id,
             occurrence=approval.occurrence_id,
             actor=_runtime_actor(runtime_key),
             token_fingerprint=fingerprint,
+            execution_id=execution_id,
+            data={"retired_fingerprint": previous.fingerprint} if previous is not None else None,
         )
     approval.refresh_from_db()
-    return DeliveredToken(token=raw, approval=approval)
+    return DeliveredToken(token=raw, approval=approval, redelivered=previous is not None)
+
+
+def _refuse_delivery(approval_id: int, execution_id: str) -> NoReturn:
+    """Say why the approval's token cannot be handed out (again), from the row as it is."""
+    approval = Approval.objects.annotate(db_now=DbNow()).get(pk=approval_id)
+    if approval.state == Approval.State.CONSUMED and execution_id:
+        command = Command.objects.filter(approval_id=approval.pk).values_list("id", flat=True)
+        raise ServiceError(
+            "claimed",
+            "This approval was already claimed; its command is in details.",
+            details={
+                "command_id": str(command.first()),
+                "execution_id": approval.consumed_by_execution,
+            },
+        )
+    # The same execution asking again is told what stopped the re-delivery (below);
+    # anyone else, as in API v1 as first shipped, that the token is gone.
+    if approval.token_hash and not (execution_id and approval.bound_execution_id == execution_id):
+        raise ServiceError(
+            "token_already_delivered",
+            "The token for this approval was already picked up."
+            + (
+                " Only the execution it was delivered to may ask for it again."
+                if approval.bound_execution_id
+                else ""
+            ),
+        )
+    if approval.state == Approval.State.REVOKED:
+        raise ServiceError("revoked", f"An admin revoked this approval: {approval.revoke_reason}")
+    if approval.state == Approval.State.EXPIRED or approval.expires_at <= approval.db_now:  # type: ignore[attr-defined]
+        raise ServiceError("expired", "This approval expired before its token was picked up.")
+    raise ServiceError("not_approved", "The approved version is no longer current.")
 
 
 class Decision:
@@ -1255,6 +1316,9 @@ def _explain_refusal(
         if approval.action_digest == digest:
             return Decision.DUPLICATE_DELIVERY, "same_execution_redelivery"
         return Decision.SCOPE_MISMATCH, "action_differs"
+    if approval.bound_execution_id and approval.bound_execution_id != execution_id:
+        # The token was delivered to another execution: whoever presents it copied it.
+        return Decision.REPLAYED, "bound_to_other_execution"
     if approval.state == Approval.State.REVOKED:
         return Decision.REVOKED, "revoked_by_admin"
     if approval.state == Approval.State.EXPIRED or approval.expired:
@@ -1294,8 +1358,13 @@ def _claim_refused(
     """
     approval = claim_sql.find_approval(tenant_id=tenant.pk, token_hash=token_hash)
     command = None
+    retired = None
     if approval is None or not tokens.hashes_match(approval.token_hash or "", token):
         approval = None
+        retired = _retired_token(tenant, token_hash, token)
+    if retired is not None:
+        decision, reason = Decision.REPLAYED, "token_redelivered"
+    elif approval is None:
         decision, reason = Decision.UNKNOWN_TOKEN, "no_such_token"
     elif other_key:
         decision, reason = Decision.SCOPE_MISMATCH, "other_runtime_key"
@@ -1309,12 +1378,16 @@ def _claim_refused(
         and not ratelimit.unknown_token_refusal_counted(runtime_key)
     ):
         return ClaimResult(decision, reason, command)
+    occurrence_id = approval.occurrence_id if approval else None
+    fingerprint = approval.fingerprint if approval else tokens.fingerprint(token)
+    if retired is not None:
+        occurrence_id, fingerprint = retired.approval.occurrence_id, retired.fingerprint
     audit_record(
         kind=f"claim.{decision}",
         tenant=tenant,
-        occurrence=approval.occurrence_id if approval else None,
+        occurrence=occurrence_id,
         actor=_runtime_actor(runtime_key),
-        token_fingerprint=approval.fingerprint if approval else tokens.fingerprint(token),
+        token_fingerprint=fingerprint,
         decision=decision,
         reason_code=reason,
         execution_id=execution_id,
@@ -1322,6 +1395,20 @@ def _claim_refused(
         command_id=command.id if command else None,
     )
     return ClaimResult(decision, reason, command)
+
+
+@sensitive_variables("token")
+def _retired_token(tenant: Tenant, token_hash: str, token: str) -> RetiredToken | None:
+    """The tenant's token that a re-delivery replaced, if ``token`` is one (a refusal-only
+    read: a claim that succeeds never gets here)."""
+    retired = (
+        RetiredToken.objects.select_related("approval")
+        .filter(token_hash=token_hash, approval__tenant_id=tenant.pk)
+        .first()
+    )
+    if retired is None or not tokens.hashes_match(retired.token_hash, token):
+        return None
+    return retired
 
 
 # --- revocation (the kill switch) -------------------------------------------------------

@@ -251,7 +251,8 @@ def test_first_pickup_after_approval_returns_the_token_once(
 
     assert response.status_code == 200
     body = response.json()
-    assert set(body) == {"token", "fingerprint", "expires_at"}
+    assert set(body) == {"token", "fingerprint", "expires_at", "execution_id", "redelivered"}
+    assert body["execution_id"] is None and body["redelivered"] is False
     approval = Approval.objects.get()
     assert body["fingerprint"] == approval.fingerprint == tokens.fingerprint(body["token"])
     assert body["expires_at"].startswith(approval.expires_at.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -120,6 +120,17 @@ def revoke_job(approval_id: int, admin_id: int) -> str:
     return "revoked" if revoked else "not_revocable"
 
 
+def redeliver_job(occurrence_id: str, execution_id: str) -> tuple[str, str]:
+    """A pickup by the bound execution: ("token", raw) or ("refused", code)."""
+    try:
+        delivered = services.approval_deliver_token(
+            occurrence=Occurrence.objects.get(pk=occurrence_id), execution_id=execution_id
+        )
+    except services.ServiceError as exc:
+        return "refused", exc.code
+    return "token", delivered.token
+
+
 def _worker(index: int, barrier: Barrier, inbox: Any, outbox: Any) -> None:
     try:
         while (job := inbox.get()) is not None:
@@ -351,6 +362,104 @@ def test_revoke_racing_claims_either_revokes_or_is_too_late(
             (winner,) = [e for e, r in zip(executions, claims, strict=True) if r[0] == "approved"]
             _assert_one_command(occurrence_id, winner)
     print(f"revoke against claims: {dict(seen)}")
+
+
+# --- re-delivery to the bound execution -------------------------------------------------
+
+
+def _bound_token(runtime: Runtime, reviewer: Any, execution_id: str) -> tuple[str, str]:
+    occurrence, _ = services.occurrence_propose(
+        runtime_key=runtime.key,
+        tool="issue_refund",
+        arguments=dict(REFUND_ARGS),
+        run_id="run-race",
+        reason="race",
+    )
+    digest = occurrence.proposals.get(is_current=True).action_digest
+    assert services.occurrence_approve(
+        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
+    ).issued
+    token = services.approval_deliver_token(occurrence=occurrence, execution_id=execution_id)
+    return str(occurrence.pk), token.token
+
+
+def test_redeliveries_racing_claims_of_the_old_token_let_exactly_one_side_win(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    """Either a claim consumed the old token first (and every re-delivery is told
+    ``claimed``), or a re-delivery retired it first (and every claim with it is a named
+    replay): never a command and a live fresh token for one approval."""
+    half = PROCS // 2
+    outcomes: Counter[str] = Counter()
+    for round_no in range(ROUNDS):
+        execution = f"exec-bound-{round_no}"
+        occurrence_id, old = _bound_token(runtime, reviewer, execution)
+        results = pool.run(
+            [(claim_job, {"tenant_id": tenant.pk, "token": old, "execution_id": execution})] * half
+            + [(redeliver_job, {"occurrence_id": occurrence_id, "execution_id": execution})]
+            * (PROCS - half)
+        )
+        claims, pickups = results[:half], results[half:]
+        approved = [c for c in claims if c[0] == "approved"]
+        fresh = [p[1] for p in pickups if p[0] == "token"]
+        if approved:
+            outcomes["claim first"] += 1
+            assert fresh == [], results
+            assert {p for p in pickups} == {("refused", "claimed")}, results
+            assert {c[0] for c in claims} == {"approved", "duplicate_delivery"}, results
+            _assert_one_command(occurrence_id, execution)
+        else:
+            outcomes["re-delivery first"] += 1
+            assert {c[:2] for c in claims} == {("replayed", "token_redelivered")}, results
+            # Several fresh tokens were handed out in turn; only the last one is live.
+            assert len(fresh) == PROCS - half, results
+            live = [
+                t
+                for t in fresh
+                if services.approval_claim(
+                    tenant=tenant,
+                    token=t,
+                    tool="issue_refund",
+                    arguments=dict(REFUND_ARGS),
+                    execution_id=execution,
+                ).decision
+                in ("approved", "duplicate_delivery")
+            ]
+            assert len(live) == 1, results
+            _assert_one_command(occurrence_id, execution)
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_one_execution_asking_again_at_once_leaves_one_live_token(
+    pool: Pool, tenant: Tenant, reviewer: Any, runtime: Runtime
+) -> None:
+    for round_no in range(ROUNDS // 5):
+        execution = f"exec-again-{round_no}"
+        occurrence_id, first = _bound_token(runtime, reviewer, execution)
+        results = pool.run(
+            [(redeliver_job, {"occurrence_id": occurrence_id, "execution_id": execution})] * PROCS
+        )
+        assert all(r[0] == "token" for r in results), results
+        tokens = [first] + [r[1] for r in results]
+        assert len(set(tokens)) == PROCS + 1
+        decisions = Counter(
+            services.approval_claim(
+                tenant=tenant,
+                token=t,
+                tool="issue_refund",
+                arguments=dict(REFUND_ARGS),
+                execution_id=execution,
+            ).reason
+            for t in tokens
+        )
+        assert decisions == {"claimed": 1, "token_redelivered": PROCS}, decisions
+        approval = Approval.objects.get(occurrence_id=occurrence_id)
+        assert approval.retired_tokens.count() == PROCS
+        assert (
+            AuditEvent.objects.filter(occurrence_id=occurrence_id, kind="token.redelivered").count()
+            == PROCS
+        )
+        _assert_one_command(occurrence_id, execution)
 
 
 # --- the review -------------------------------------------------------------------------
