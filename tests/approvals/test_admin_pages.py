@@ -449,6 +449,24 @@ def test_revoke_by_fingerprint(ada: Any, issued: dict[str, str], runtime: Runtim
     assert claim.json()["decision"] == "revoked"
 
 
+def test_revoke_by_the_fingerprint_of_a_token_a_redelivery_retired(
+    ada: Any, issued: dict[str, str], runtime: Runtime
+) -> None:
+    path = f"/api/v1/occurrences/{issued['refund']}/token"
+    retired = runtime.post(path, {"execution_id": "exec-1"}).json()["fingerprint"]
+    token = runtime.post(path, {"execution_id": "exec-1"}).json()["token"]
+    assert approval_of(issued["refund"]).fingerprint != retired
+
+    response = signed_in(ada).post(
+        "/operations/revocations/fingerprint", {"fingerprint": retired, "reason": "leaked log"}
+    )
+
+    assert response.status_code == 302
+    assert states(issued)["refund"] == "revoked"
+    claim = runtime.claim(token, "exec-1", arguments=refund(1250, "pay_a"))
+    assert claim.json()["decision"] == "revoked"
+
+
 def test_revoking_a_consumed_approval_is_refused_naming_its_command_and_effect(
     ada: Any, issued: dict[str, str], runtime: Runtime
 ) -> None:

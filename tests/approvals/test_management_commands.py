@@ -312,6 +312,20 @@ def test_revoke_by_fingerprint_revokes_that_approval_and_a_later_claim_is_revoke
     }
 
 
+def test_revoke_by_a_retired_fingerprint_revokes_its_approval(
+    runtime: Runtime, approved: str
+) -> None:
+    path = f"/api/v1/occurrences/{approved}/token"
+    retired = runtime.post(path, {"execution_id": "exec-a"}).json()["fingerprint"]
+    fresh = runtime.post(path, {"execution_id": "exec-a"}).json()["token"]
+
+    output = run("revoke_approvals", "--fingerprint", retired, "--reason", "old log line")
+
+    assert output.out.strip() == "Revoked 1 approval(s)."
+    assert Approval.objects.get().state == Approval.State.REVOKED
+    assert runtime.claim(fresh, "exec-a").json()["decision"] == "revoked"
+
+
 def test_revoke_by_fingerprint_leaves_other_approvals_alone(
     runtime: Runtime, token: str, reviewer: Any
 ) -> None:
