@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from approvals import services
+from approvals import reviewer_tokens, services
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -13,6 +13,7 @@ from approvals.models import (
     Membership,
     Occurrence,
     Proposal,
+    ReviewerToken,
     RuntimeKey,
     Tenant,
     ToolContract,
@@ -60,6 +61,35 @@ class RuntimeKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+@admin.register(ReviewerToken)
+class ReviewerTokenAdmin(admin.ModelAdmin):
+    """Reviewers create their tokens on the console's Access tokens page (shown once);
+    here a superuser sees them and revokes, e.g. a reviewer's who left."""
+
+    list_display = ["name", "user", "tenant", "prefix", "expires_at", "revoked_at", "last_used_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "prefix", "user__username"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> list[str]:
+        return [f.name for f in ReviewerToken._meta.fields if f.name != "token_hash"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ReviewerToken]) -> None:
+        revoked = sum(
+            reviewer_tokens.reviewer_token_revoke(token=token, user=request.user, by_superuser=True)  # type: ignore[arg-type]
+            for token in queryset.select_related("user", "tenant")
+        )
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
 
 
 @admin.register(ToolContract)

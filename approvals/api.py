@@ -40,9 +40,17 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, StrictStr
 
-from approvals import metrics, presenters, ratelimit, selectors, services, tokens
+from approvals import (
+    metrics,
+    presenters,
+    ratelimit,
+    reviewer_tokens,
+    selectors,
+    services,
+    tokens,
+)
 from approvals.canonical import InputError, parse_json
-from approvals.models import Command, Occurrence, RuntimeKey, ToolContract
+from approvals.models import Command, Occurrence, ReviewerToken, RuntimeKey, ToolContract
 
 # --- parsing and errors -----------------------------------------------------------------
 
@@ -90,6 +98,14 @@ class RuntimeKeyAuth(HttpBearer):
     @method_decorator(sensitive_variables("token"))
     def authenticate(self, request: HttpRequest, token: str) -> RuntimeKey | None:
         return services.runtime_key_authenticate(token)
+
+
+class ReviewerTokenAuth(HttpBearer):
+    """A reviewer's personal access token (``approvals.reviewer_tokens``)."""
+
+    @method_decorator(sensitive_variables("token"))
+    def authenticate(self, request: HttpRequest, token: str) -> ReviewerToken | None:
+        return reviewer_tokens.reviewer_token_authenticate(token)
 
 
 class RuntimeKeyThrottle(BaseThrottle):
@@ -579,8 +595,10 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
 
 
 def _get_occurrence(request: HttpRequest, occurrence_id: str) -> Occurrence:
+    # The caller's tenant: a runtime key's, or a reviewer token's (GET and decisions).
+    caller: RuntimeKey | ReviewerToken = request.auth  # type: ignore[attr-defined]
     occurrence = selectors.occurrence_get_for_tenant(
-        tenant=runtime_key_of(request).tenant, occurrence_id=occurrence_id
+        tenant=caller.tenant, occurrence_id=occurrence_id
     )
     if occurrence is None:
         raise Http404
@@ -641,6 +659,8 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
 
 @api.get(
     "/occurrences/{occurrence_id}",
+    # A reviewer's tool reads it too, to see the digest it approves.
+    auth=[RuntimeKeyAuth(), ReviewerTokenAuth()],
     response={200: OccurrenceOut, **_AUTH_ERRORS, 404: ErrorOut},
     summary="An occurrence: what was proposed, approved, claimed and executed",
     description="The current proposal (canonical action, parsed arguments, digest, version, "
@@ -650,6 +670,85 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
 )
 def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
     return _occurrence_out(_get_occurrence(request, occurrence_id))
+
+
+class DecisionIn(StrictSchema):
+    decision: Literal["approve", "reject"]
+    seen_digest: StrictStr | None = Field(
+        None,
+        pattern="^[0-9a-f]{64}$",
+        description="approve: the SHA-256 of the canonical action you reviewed (the "
+        "occurrence's `proposal.action_digest`); a newer version is refused as stale_digest.",
+    )
+    reason: StrictStr | None = Field(
+        None, max_length=2000, description="reject: why; the runtime is told."
+    )
+
+
+class DecisionOut(Schema):
+    decision: Literal["approve", "reject"]
+    outcome: Literal["issued", "vote_recorded", "rejected"] = Field(
+        ...,
+        description="issued: the approval is issued; vote_recorded: your vote counts toward a "
+        "quorum that needs more reviewers; rejected: the request is rejected.",
+    )
+    votes: int | None
+    needed: int | None
+    occurrence: OccurrenceOut
+
+
+@api.post(
+    "/occurrences/{occurrence_id}/decisions",
+    auth=ReviewerTokenAuth(),
+    response={
+        200: DecisionOut,
+        **_AUTH_ERRORS,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        **_BODY_ERRORS,
+    },
+    summary="A reviewer approves or rejects, with a personal access token",
+    description="For reviewers' tools and tests: `Authorization: Bearer pat_…` (a reviewer's "
+    "personal access token, created on the console's Access tokens page), not a runtime "
+    "key. The page's rules hold: the token's owner must be a reviewer of the tenant "
+    "(403 forbidden), may not approve their own request or their own edit (403 "
+    "self_approval), must send the digest of the current version (409 stale_digest), and a "
+    "quorum counts distinct reviewers (`outcome: vote_recorded` until it is reached). "
+    "Anything no longer pending is 409 with its status.",
+)
+def occurrence_decide(
+    request: HttpRequest, occurrence_id: str, payload: DecisionIn
+) -> dict[str, Any]:
+    token: ReviewerToken = request.auth  # type: ignore[attr-defined]
+    occurrence = _get_occurrence(request, occurrence_id)
+    via = reviewer_tokens.via(token)
+    votes: int | None = None
+    needed: int | None = None
+    if payload.decision == "approve":
+        if payload.seen_digest is None:
+            raise InputError(
+                "missing_field",
+                "seen_digest: send the digest of the version you reviewed.",
+                "seen_digest",
+            )
+        approved = services.occurrence_approve(
+            occurrence=occurrence, reviewer=token.user, seen_digest=payload.seen_digest, via=via
+        )
+        outcome = "issued" if approved.issued else "vote_recorded"
+        votes, needed = approved.votes, approved.needed
+    else:
+        services.occurrence_reject(
+            occurrence=occurrence, reviewer=token.user, reason=payload.reason or "", via=via
+        )
+        outcome = "rejected"
+    return {
+        "decision": payload.decision,
+        "outcome": outcome,
+        "votes": votes,
+        "needed": needed,
+        "occurrence": _occurrence_out(_get_occurrence(request, occurrence_id)),
+    }
 
 
 class LookupQuery(Schema):

@@ -101,6 +101,42 @@ class RuntimeKey(models.Model):
         return f"runtime:{self.name}"
 
 
+class ReviewerToken(models.Model):
+    """A reviewer's personal access token: approve or reject through the API (tools,
+    scripts, tests) under the same rules as the review page. Scoped to one tenant and to
+    deciding; only its SHA-256 is stored; revocable; expires."""
+
+    class Scope(models.TextChoices):
+        DECIDE = "decide", "Approve and reject requests"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="reviewer_tokens"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reviewer_tokens")
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=16, choices=Scope.choices, default=Scope.DECIDE)
+    token_hash = models.CharField(max_length=64, unique=True)
+    # The first characters of the token, enough to tell tokens apart on the page.
+    prefix = models.CharField(max_length=16)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "tenant", "name"], name="reviewer_token_name_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(scope__in=["decide"]), name="reviewer_token_scope_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.tenant}/{self.name} ({self.prefix}…)"
+
+
 class RuntimeKeyUsage(models.Model):
     """What one runtime key did in one rate-limit window: its requests, and its refused
     claims with a token the tenant never issued. A counter row, updated by one atomic

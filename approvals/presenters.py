@@ -440,6 +440,7 @@ _HISTORY_DETAIL_KEYS = [
     "basis",
     "adapter",
     "retired_fingerprint",
+    "via",
 ]
 
 

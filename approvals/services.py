@@ -665,10 +665,11 @@ def _require_pending(occurrence: Occurrence) -> None:
 
 
 def occurrence_approve(
-    *, occurrence: Occurrence, reviewer: User, seen_digest: str
+    *, occurrence: Occurrence, reviewer: User, seen_digest: str, via: str = ""
 ) -> ApproveOutcome:
     """Record the reviewer's approval of the current version; issue the capability once
-    the contract's quorum of distinct reviewers is reached.
+    the contract's quorum of distinct reviewers is reached. ``via`` names a personal access
+    token the decision came through (``approvals.reviewer_tokens``), in the audit events.
 
     Refuses a digest that is not the current version's, a reviewer approving their own
     request or their own edit, a non-reviewer, and anything no longer pending. Concurrent
@@ -714,7 +715,12 @@ def occurrence_approve(
                 tenant=occ.tenant_id,
                 occurrence=occ,
                 actor=username,
-                data={"version": proposal.version, "votes": votes, "needed": needed},
+                data={
+                    "version": proposal.version,
+                    "votes": votes,
+                    "needed": needed,
+                    **({"via": via} if via else {}),
+                },
             )
         if votes < needed:
             return ApproveOutcome(issued=False, votes=votes, needed=needed, approval=None)
@@ -745,12 +751,15 @@ def occurrence_approve(
                 "action_digest": proposal.action_digest,
                 "expires_at": approval.expires_at.isoformat(),
                 "approvers": votes,
+                **({"via": via} if via else {}),
             },
         )
     return ApproveOutcome(issued=True, votes=votes, needed=needed, approval=approval)
 
 
-def occurrence_reject(*, occurrence: Occurrence, reviewer: User, reason: str) -> Occurrence:
+def occurrence_reject(
+    *, occurrence: Occurrence, reviewer: User, reason: str, via: str = ""
+) -> Occurrence:
     """Reject a pending request. The reason reaches the agent when it asks for its token."""
     reason = (reason or "").strip()
     if not reason:
@@ -773,7 +782,7 @@ def occurrence_reject(*, occurrence: Occurrence, reviewer: User, reason: str) ->
             actor=_username(reviewer),
             decision="rejected",
             reason_code="rejected_by_reviewer",
-            data={"reason": reason},
+            data={"reason": reason, **({"via": via} if via else {})},
         )
     occ.refresh_from_db()
     return occ

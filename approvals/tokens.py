@@ -8,6 +8,7 @@ import secrets
 
 APPROVAL_TOKEN_PREFIX = "apv_"
 RUNTIME_KEY_PREFIX = "rk_"
+REVIEWER_TOKEN_PREFIX = "pat_"
 
 
 def mint(prefix: str) -> str:

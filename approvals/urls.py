@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import admin_views, views
+from approvals import account_views, admin_views, views
 
 app_name = "approvals"
 
@@ -15,6 +15,14 @@ urlpatterns = [
     path("reviews/<uuid:occurrence_id>/edit", views.edit, name="edit"),
     path("reviews/<uuid:occurrence_id>/revoke", views.revoke, name="revoke"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
+    # A reviewer's personal access tokens (deciding through the API).
+    path("account/tokens/", account_views.access_tokens, name="access-tokens"),
+    path("account/tokens/create", account_views.access_token_create, name="access-token-create"),
+    path(
+        "account/tokens/<int:token_id>/revoke",
+        account_views.access_token_revoke,
+        name="access-token-revoke",
+    ),
     # Admins: revocation (single and bulk) and runtime keys.
     path("operations/revocations/", admin_views.revocations, name="revocations"),
     path(

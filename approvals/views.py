@@ -87,6 +87,7 @@ def _chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
         "current_tenant": _scope(request, access),
         "is_operator": bool(access.operator_tenant_ids),
         "is_admin_somewhere": any(access.is_admin(t.pk) for t in access.tenants),
+        "is_reviewer_somewhere": any(access.is_reviewer(t.pk) for t in access.tenants),
     }
 
 

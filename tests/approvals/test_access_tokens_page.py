@@ -1,0 +1,166 @@
+"""The Access tokens page: a reviewer creates (shown once), lists and revokes tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.test import Client
+
+from approvals import reviewer_tokens
+from approvals.models import Membership, ReviewerToken, Tenant
+from tests.conftest import Runtime, make_user
+
+
+def signed_in(user: Any, **kwargs: Any) -> Client:
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def created_token(html: str) -> str:
+    found = re.search(r'<code id="new-token" class="digest-value">(pat_[^<]+)</code>', html)
+    assert found, html
+    return found.group(1)
+
+
+def test_a_reviewer_creates_a_token_shown_once_and_it_decides(
+    reviewer: Any, runtime: Runtime
+) -> None:
+    client = signed_in(reviewer)
+
+    response = client.post("/account/tokens/create", {"name": "ci", "lifetime_days": "7"})
+
+    assert response.status_code == 201
+    assert "no-store" in response["Cache-Control"]
+    raw = created_token(response.content.decode())
+    token = ReviewerToken.objects.get()
+    assert (token.name, token.user_id) == ("ci", reviewer.pk)
+    # The list shows the prefix, never the token again.
+    listing = client.get("/account/tokens/").content.decode()
+    assert token.prefix in listing and raw not in listing
+    occurrence_id = runtime.propose().json()["occurrence_id"]
+    decided = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+        f"/api/v1/occurrences/{occurrence_id}/decisions",
+        json.dumps({"decision": "reject", "reason": "test run"}),
+        content_type="application/json",
+    )
+    assert decided.status_code == 200
+
+
+def test_the_header_links_the_page_for_reviewers_only(reviewer: Any, admin_user: Any) -> None:
+    assert 'href="/account/tokens/"' in signed_in(reviewer).get("/reviews/").content.decode()
+    assert 'href="/account/tokens/"' not in signed_in(admin_user).get("/reviews/").content.decode()
+
+
+def test_a_bad_form_is_422_and_creates_nothing(reviewer: Any) -> None:
+    client = signed_in(reviewer)
+
+    for data in ({"name": "", "lifetime_days": "7"}, {"name": "ci", "lifetime_days": "365"}):
+        response = client.post("/account/tokens/create", data)
+        assert response.status_code == 422, data
+        assert 'class="field-error"' in response.content.decode()
+    assert not ReviewerToken.objects.exists()
+
+
+def test_a_taken_name_is_said_so(reviewer: Any, tenant: Tenant) -> None:
+    reviewer_tokens.reviewer_token_issue(user=reviewer, tenant=tenant, name="ci", lifetime_days=7)
+
+    response = signed_in(reviewer).post(
+        "/account/tokens/create", {"name": "ci", "lifetime_days": "7"}
+    )
+
+    assert response.status_code == 422
+    assert "already have a token named" in response.content.decode()
+
+
+def test_a_non_reviewer_gets_403(operator: Any, admin_user: Any) -> None:
+    for user in (operator, admin_user):
+        assert signed_in(user).get("/account/tokens/").status_code == 403
+        assert (
+            signed_in(user)
+            .post("/account/tokens/create", {"name": "x", "lifetime_days": "7"})
+            .status_code
+            == 403
+        )
+    assert not ReviewerToken.objects.exists()
+
+
+def test_signed_out_goes_to_sign_in() -> None:
+    response = Client().get("/account/tokens/")
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_a_reviewer_cannot_create_in_a_tenant_where_they_do_not_review(
+    reviewer: Any, other_tenant: Tenant
+) -> None:
+    Membership.objects.create(user=reviewer, tenant=other_tenant, role=Membership.Role.OPERATOR)
+
+    response = signed_in(reviewer).post(
+        "/account/tokens/create", {"tenant": other_tenant.slug, "name": "x", "lifetime_days": "7"}
+    )
+
+    assert response.status_code == 422
+    assert not ReviewerToken.objects.exists()
+
+
+def test_revoke_own_token_and_not_anothers(
+    reviewer: Any, second_reviewer: Any, tenant: Tenant
+) -> None:
+    mine, _ = reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+    theirs, _ = reviewer_tokens.reviewer_token_issue(
+        user=second_reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+    client = signed_in(reviewer)
+
+    assert client.post(f"/account/tokens/{theirs.pk}/revoke").status_code == 404
+    revoked = client.post(f"/account/tokens/{mine.pk}/revoke", follow=True)
+
+    assert "Revoked access token ci" in revoked.content.decode()
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.revoked_at is not None and theirs.revoked_at is None
+    assert "revoked" in client.get("/account/tokens/").content.decode()
+
+
+def test_state_changes_need_csrf(reviewer: Any, tenant: Tenant) -> None:
+    mine, _ = reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+    client = signed_in(reviewer, enforce_csrf_checks=True)
+
+    assert (
+        client.post("/account/tokens/create", {"name": "x", "lifetime_days": "7"}).status_code
+        == 403
+    )
+    assert client.post(f"/account/tokens/{mine.pk}/revoke").status_code == 403
+    mine.refresh_from_db()
+    assert mine.revoked_at is None and ReviewerToken.objects.count() == 1
+
+
+def test_the_page_reads_in_a_constant_number_of_queries(
+    reviewer: Any, tenant: Tenant, django_assert_max_num_queries: Any
+) -> None:
+    for n in range(12):
+        reviewer_tokens.reviewer_token_issue(
+            user=reviewer, tenant=tenant, name=f"t{n}", lifetime_days=7
+        )
+    client = signed_in(reviewer)
+    client.get("/account/tokens/")  # warm the session
+
+    with django_assert_max_num_queries(6):
+        response = client.get("/account/tokens/")
+
+    assert response.status_code == 200
+    assert response.content.decode().count('data-token-id="') == 12
+
+
+def test_a_second_user_in_the_same_tenant_is_separate(tenant: Tenant) -> None:
+    rita = make_user("r1", tenant, Membership.Role.REVIEWER)
+    ravi = make_user("r2", tenant, Membership.Role.REVIEWER)
+    reviewer_tokens.reviewer_token_issue(user=rita, tenant=tenant, name="mine", lifetime_days=7)
+
+    assert 'data-token-id="' not in signed_in(ravi).get("/account/tokens/").content.decode()
