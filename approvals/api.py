@@ -9,6 +9,7 @@ that is refused (``details`` names each field). Bodies are parsed strictly (see
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import threading
@@ -32,6 +33,7 @@ from django.http import (
 from django.urls import URLPattern, URLResolver
 from django.utils.cache import add_never_cache_headers
 from django.utils.decorators import method_decorator
+from django.utils.http import parse_etags, quote_etag
 from django.views.decorators.debug import sensitive_variables
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
@@ -661,15 +663,27 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     "/occurrences/{occurrence_id}",
     # A reviewer's tool reads it too, to see the digest it approves.
     auth=[RuntimeKeyAuth(), ReviewerTokenAuth()],
-    response={200: OccurrenceOut, **_AUTH_ERRORS, 404: ErrorOut},
+    response={200: OccurrenceOut, 304: None, **_AUTH_ERRORS, 404: ErrorOut},
     summary="An occurrence: what was proposed, approved, claimed and executed",
     description="The current proposal (canonical action, parsed arguments, digest, version, "
     "who edited it), the approval's state, the latest command with its effect, every "
     "command and epoch: enough for a runtime to compare before picking up a token and to "
-    "resume after a crash.",
+    "resume after a crash. The answer carries an `ETag`; a poller that sends it back in "
+    "`If-None-Match` gets `304 Not Modified` with no body while nothing changed.",
 )
-def occurrence_detail(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
-    return _occurrence_out(_get_occurrence(request, occurrence_id))
+def occurrence_detail(
+    request: HttpRequest, occurrence_id: str, response: HttpResponse
+) -> dict[str, Any] | HttpResponse:
+    out = _occurrence_out(_get_occurrence(request, occurrence_id))
+    etag = quote_etag(
+        hashlib.sha256(json.dumps(out, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    )
+    if etag in parse_etags(request.headers.get("If-None-Match", "")):
+        not_modified = HttpResponse(status=304)
+        not_modified["ETag"] = etag
+        return not_modified
+    response["ETag"] = etag
+    return out
 
 
 class DecisionIn(StrictSchema):

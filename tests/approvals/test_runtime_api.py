@@ -858,3 +858,21 @@ def test_the_openapi_schema_lists_the_new_operations_with_their_responses(client
     assert "command" in schemas["OccurrenceOut"]["properties"]
     assert {"decision", "reason", "error"} <= set(schemas["ClaimRefusedOut"]["properties"])
     assert "details" in schemas["ErrorBody"]["required"]
+
+
+def test_a_poller_gets_304_until_the_occurrence_changes(runtime: Runtime, reviewer: Any) -> None:
+    occurrence_id = runtime.propose().json()["occurrence_id"]
+    first = runtime.get(f"/api/v1/occurrences/{occurrence_id}")
+    etag = first["ETag"]
+    assert first.status_code == 200 and etag.startswith('"')
+
+    unchanged = runtime.get(f"/api/v1/occurrences/{occurrence_id}", HTTP_IF_NONE_MATCH=etag)
+    assert unchanged.status_code == 304 and unchanged.content == b""
+    assert unchanged["ETag"] == etag
+    other = runtime.get(f"/api/v1/occurrences/{occurrence_id}", HTTP_IF_NONE_MATCH='"nope"')
+    assert other.status_code == 200
+
+    approve(occurrence_id, reviewer)
+    changed = runtime.get(f"/api/v1/occurrences/{occurrence_id}", HTTP_IF_NONE_MATCH=etag)
+    assert changed.status_code == 200
+    assert changed.json()["status"] == "approved" and changed["ETag"] != etag
