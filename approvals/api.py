@@ -43,6 +43,7 @@ from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, StrictStr
 
 from approvals import (
+    callbacks,
     metrics,
     presenters,
     ratelimit,
@@ -52,7 +53,14 @@ from approvals import (
     tokens,
 )
 from approvals.canonical import InputError, parse_json
-from approvals.models import Command, Occurrence, ReviewerToken, RuntimeKey, ToolContract
+from approvals.models import (
+    Command,
+    Occurrence,
+    ReviewerToken,
+    RuntimeCallback,
+    RuntimeKey,
+    ToolContract,
+)
 
 # --- parsing and errors -----------------------------------------------------------------
 
@@ -763,6 +771,78 @@ def occurrence_decide(
         "needed": needed,
         "occurrence": _occurrence_out(_get_occurrence(request, occurrence_id)),
     }
+
+
+class CallbackIn(StrictSchema):
+    url: StrictStr = Field(
+        ...,
+        min_length=1,
+        max_length=2000,
+        description="Where each decision on this key's requests is POSTed (https).",
+    )
+    rotate_secret: bool = Field(
+        False, description="Mint a new signing secret (the answer shows it once)."
+    )
+
+
+class CallbackOut(Schema):
+    url: str
+    active: bool
+    secret: str | None = Field(
+        None,
+        description="The signing secret, shown only when the callback is first registered "
+        "or its secret rotated; keep it: the console never shows it again.",
+    )
+    deliveries: dict[str, int] = Field(..., description="This callback's deliveries by state.")
+
+
+def _callback_out(callback: Any, secret: str = "") -> dict[str, Any]:
+    return {
+        "url": callback.url,
+        "active": callback.is_active,
+        "secret": secret or None,
+        "deliveries": callbacks.summary(callback),
+    }
+
+
+@api.put(
+    "/callback",
+    response={200: CallbackOut, **_AUTH_ERRORS, **_BODY_ERRORS},
+    summary="Register this runtime key's callback URL: decisions are pushed to it",
+    description="Each decision on a request this key proposed (`approved`, `rejected`, "
+    "`expired`, `edited`) is POSTed to the URL as JSON, signed: `X-Console-Signature: "
+    'sha256=HMAC-SHA256(secret, "<X-Console-Timestamp>.<body>")`, with '
+    "`X-Console-Delivery` the same on every retry. Retried with backoff until a 2xx. The "
+    "first registration (or `rotate_secret`) answers the secret, once.",
+)
+def callback_put(request: HttpRequest, payload: CallbackIn) -> dict[str, Any]:
+    registered = callbacks.callback_register(
+        runtime_key=runtime_key_of(request), url=payload.url, rotate=payload.rotate_secret
+    )
+    return _callback_out(registered.callback, registered.secret)
+
+
+@api.get(
+    "/callback",
+    response={200: CallbackOut, **_AUTH_ERRORS, 404: ErrorOut},
+    summary="This runtime key's callback, and its deliveries by state",
+)
+def callback_get(request: HttpRequest) -> dict[str, Any]:
+    callback = RuntimeCallback.objects.filter(runtime_key=runtime_key_of(request)).first()
+    if callback is None:
+        raise Http404
+    return _callback_out(callback)
+
+
+@api.delete(
+    "/callback",
+    response={204: None, **_AUTH_ERRORS, 404: ErrorOut},
+    summary="Stop pushing decisions to this runtime key's callback",
+)
+def callback_delete(request: HttpRequest) -> tuple[int, None]:
+    if not callbacks.callback_remove(runtime_key=runtime_key_of(request)):
+        raise Http404
+    return 204, None
 
 
 class LookupQuery(Schema):

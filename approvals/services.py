@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from approvals import claim_sql, ratelimit, selectors, signals, tokens
+from approvals import callbacks, claim_sql, ratelimit, selectors, signals, tokens
 from approvals.canonical import CanonicalAction, InputError, canonicalize, validate_arguments
 from approvals.models import (
     Approval,
@@ -111,6 +111,10 @@ def audit_record(
         source_time=timezone.now(),
         data=data or {},
     )
+    if kind in callbacks.EVENTS:
+        # A decision the proposing runtime may have asked to be told of: its push is
+        # written in this transaction (an outbox row), sent after commit.
+        callbacks.delivery_create(event)
     # Every claim writes one of these lines; when INFO is off, not even the event dict is built.
     if _stdlib_log.isEnabledFor(logging.INFO):
         log.info(

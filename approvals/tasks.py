@@ -6,7 +6,7 @@ import structlog
 from celery import shared_task
 from django.db import DatabaseError
 
-from approvals import selectors, services
+from approvals import callbacks, selectors, services
 
 log = structlog.get_logger("approvals")
 
@@ -27,3 +27,18 @@ def audit_chain_extend_all() -> int:
         except DatabaseError as exc:
             log.error("audit.chain_extend_failed", tenant_id=tenant_id, error=str(exc))
     return len(tenant_ids)
+
+
+@shared_task(ignore_result=True)
+def callback_deliver(delivery_id: str) -> str:
+    """One attempt at pushing one decision to a runtime's callback URL."""
+    return callbacks.deliver(delivery_id)
+
+
+@shared_task(ignore_result=True)
+def callbacks_sweep() -> int:
+    """Push what was never pushed: deliveries whose task was lost (Celery beat)."""
+    due = callbacks.deliveries_due()
+    for delivery_id in due:
+        callbacks.deliver(delivery_id)
+    return len(due)

@@ -357,11 +357,20 @@ CELERY_BEAT_SCHEDULE = {
         "task": "reconciliation.tasks.commands_sweep",
         "schedule": env_float("DISPATCH_SWEEP_EVERY_SECONDS", 15.0, minimum=0.1),
     },
+    "push-what-was-not-pushed": {"task": "approvals.tasks.callbacks_sweep", "schedule": 15.0},
     "report-refusal-bursts": {
         "task": "approvals.ratelimit.usage_report_closed",
         "schedule": float(API_RATE_WINDOW_SECONDS),
     },
 }
+# Push callbacks (approvals.callbacks): each decision POSTed to the URL a runtime key
+# registered, signed, retried after 2, 4, 8 ... s up to CALLBACK_MAX_ATTEMPTS. Plain http
+# and loopback or private addresses only where the operator allows them (the demo does).
+CALLBACK_MAX_ATTEMPTS = env_int("CALLBACK_MAX_ATTEMPTS", 8, minimum=1)
+CALLBACK_RETRY_BACKOFF_SECONDS = env_float("CALLBACK_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
+CALLBACK_SWEEP_GRACE_SECONDS = env_float("CALLBACK_SWEEP_GRACE_SECONDS", 10.0, minimum=0.0)
+CALLBACK_ALLOW_HTTP = env_bool("CALLBACK_ALLOW_HTTP", DEBUG)
+CALLBACK_ALLOW_PRIVATE_HOSTS = env_bool("CALLBACK_ALLOW_PRIVATE_HOSTS", DEBUG)
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
 CELERY_IMPORTS = ["approvals.ratelimit"]
 # A console-executed command still pending this long after its last change was never
