@@ -1,0 +1,373 @@
+"""Run one decided tool call exactly once: what both framework adapters do after review.
+
+Given an occurrence that left review, :func:`run_decided` (sync) or
+:func:`arun_decided` (async):
+
+1. a rejection becomes an outcome with the reviewer's reason (nothing runs);
+2. an approval whose token this execution has not used is picked up **with the execution
+   id** (after a crash between pickup and claim the same execution gets a fresh token: a
+   re-delivery), and claimed with the arguments the reviewer approved (an edited version
+   is what runs, never the model's first draft);
+3. a runtime-executed command is executed once with its idempotency key and its effect
+   reported; a console-executed one is left to the console;
+4. after a crash *after* the claim (the pickup answers ``409 claimed`` naming this
+   execution, or the claim ``duplicate_delivery``), the command's recorded effect decides:
+   committed means done, nothing runs again; an effect never reported runs again only for
+   a contract whose replay is safe (``read_only``, ``idempotent_with_key``), otherwise it is
+   reported ``outcome_unknown`` for an operator;
+5. an approval that expired unclaimed is renewed (sent back to review) when allowed.
+
+The raw token lives only in a local variable between pickup and claim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from approval_console import errors
+from approval_console.client import ApprovalConsole, AsyncApprovalConsole
+from approval_console.models import CommandDetail, Occurrence
+
+Status = Literal[
+    "executed",
+    "already_executed",
+    "executed_by_console",
+    "rejected",
+    "pending",
+    "renewed",
+    "outcome_unknown",
+    "failed",
+    "refused",
+]
+
+# Contracts whose call may be repeated with the same idempotency key without a second effect.
+REPLAY_SAFE = frozenset({"read_only", "idempotent_with_key"})
+RECEIPT_MAX = 200
+
+
+class EffectRejected(Exception):
+    """Raise from a tool to say the remote refused the call before any effect: reported
+    as ``rejected``. Any other exception is reported as ``outcome_unknown``."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a tool call. ``message`` is meant for the model."""
+
+    status: Status
+    occurrence_id: str
+    message: str
+    result: Any = None
+    command_id: str | None = None
+    reason: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    edited_by: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in {"executed", "already_executed", "executed_by_console"}
+
+
+def receipt_of(result: Any) -> str:
+    return str(result)[:RECEIPT_MAX]
+
+
+def _rejected(occurrence: Occurrence, reason: str) -> Outcome:
+    return Outcome(
+        "rejected",
+        occurrence.occurrence_id,
+        f"A reviewer rejected this call ({occurrence.tool}): {reason}. "
+        "Do not retry it; tell the user.",
+        reason=reason,
+        arguments=occurrence.proposal.arguments,
+    )
+
+
+def _settled(occurrence: Occurrence, detail: CommandDetail) -> Outcome | None:
+    """The outcome of a command whose effect is already recorded, or None if not sent."""
+    tool, command_id = occurrence.tool, detail.command_id
+
+    def outcome(status: Status, message: str) -> Outcome:
+        return Outcome(
+            status,
+            occurrence.occurrence_id,
+            message,
+            command_id=command_id,
+            arguments=occurrence.proposal.arguments,
+            edited_by=occurrence.proposal.edited_by,
+        )
+
+    if detail.executed_by == "console":
+        return outcome(
+            "executed_by_console",
+            f"Approved; the console executes {tool} "
+            f"(command {command_id}, effect {detail.effect_state}).",
+        )
+    if detail.effect_state == "not_sent":
+        return None
+    if detail.effect_state in {"committed", "reconciled"}:
+        return outcome(
+            "already_executed",
+            f"{tool} was already executed for this approval (command {command_id}); "
+            "it was not run again.",
+        )
+    if detail.effect_state == "rejected":
+        return outcome(
+            "failed", f"{tool} was refused before it took effect (command {command_id})."
+        )
+    return outcome(
+        "outcome_unknown",
+        f"Whether {tool} took effect is unknown (command {command_id}, "
+        f"{detail.effect_state}); an operator will reconcile it. Do not retry it.",
+    )
+
+
+def _executed(occurrence: Occurrence, detail: CommandDetail, result: Any) -> Outcome:
+    edited = occurrence.proposal.edited_by
+    note = f" A reviewer ({edited}) edited the arguments; these ran." if edited else ""
+    return Outcome(
+        "executed",
+        occurrence.occurrence_id,
+        f"{occurrence.tool} ran with {dict(occurrence.proposal.arguments)}.{note} "
+        f"Result: {receipt_of(result)}",
+        result=result,
+        command_id=detail.command_id,
+        arguments=occurrence.proposal.arguments,
+        edited_by=edited,
+    )
+
+
+def _unknown_detail(exc: BaseException) -> str:
+    return f"the tool raised {type(exc).__name__}"[:2000]
+
+
+def _ours(occurrence: Occurrence, execution_id: str) -> str | None:
+    for command in occurrence.commands:
+        if command.execution_id == execution_id:
+            return command.id
+    return None
+
+
+def _not_decided(occurrence: Occurrence) -> Outcome | None:
+    """The outcome of an occurrence that cannot be picked up, or None."""
+    if occurrence.status == "rejected":
+        return _rejected(occurrence, occurrence.rejection_reason)
+    if occurrence.status == "pending_review":
+        return Outcome("pending", occurrence.occurrence_id, "Waiting for a reviewer's decision.")
+    if occurrence.status == "revoked":
+        return Outcome(
+            "refused", occurrence.occurrence_id, "An admin revoked the approval; not run."
+        )
+    return None
+
+
+def _expired(occurrence: Occurrence) -> bool:
+    approval = occurrence.approval
+    return occurrence.status == "expired" or (
+        approval is not None and approval.state == "expired" and occurrence.status == "approved"
+    )
+
+
+Execute = Callable[[Mapping[str, Any], str], Any]
+AsyncExecute = Callable[[Mapping[str, Any], str], Awaitable[Any]]
+
+
+def run_decided(
+    client: ApprovalConsole,
+    occurrence: Occurrence,
+    *,
+    execution_id: str,
+    execute: Execute,
+    renew_expired: bool = True,
+) -> Outcome:
+    """Run ``execute(arguments, idempotency_key)`` for a decided occurrence, at most once."""
+    if (early := _not_decided(occurrence)) is not None:
+        return early
+    if occurrence.status == "auto_admitted":
+        result = execute(occurrence.proposal.arguments, f"auto_{occurrence.occurrence_id}")
+        return Outcome("executed", occurrence.occurrence_id, receipt_of(result), result=result)
+    if _expired(occurrence) and _ours(occurrence, execution_id) is None:
+        return _renew(client, occurrence, renew_expired)
+    command_id = _ours(occurrence, execution_id)
+    fresh = False
+    if command_id is None:
+        try:
+            token = client.pickup(occurrence.occurrence_id, execution_id)
+        except errors.AlreadyClaimed as exc:
+            if exc.execution_id != execution_id or not exc.command_id:
+                return _claimed_by_other(occurrence, exc.execution_id)
+            command_id = exc.command_id
+        except errors.Rejected as exc:
+            return _rejected(occurrence, exc.reason)
+        except errors.ApprovalExpired:
+            return _renew(client, occurrence, renew_expired)
+        except errors.NotApproved:
+            # Edited (or renewed) after we read it: back in review.
+            return _not_decided(client.get(occurrence.occurrence_id)) or Outcome(
+                "pending", occurrence.occurrence_id, "Waiting for a reviewer's decision."
+            )
+        else:
+            occurrence = client.get(occurrence.occurrence_id)
+            claim = client.claim(
+                token,
+                tool=occurrence.tool,
+                arguments=occurrence.proposal.arguments,
+                execution_id=execution_id,
+            )
+            del token
+            command_id, fresh = claim.command_id, not claim.duplicate
+    detail = client.command(command_id)
+    if (settled := _settled(occurrence, detail)) is not None:
+        return settled
+    if not fresh and client.tool(occurrence.tool).replay_safety not in REPLAY_SAFE:
+        client.report_effect(
+            command_id,
+            execution_id=execution_id,
+            outcome="outcome_unknown",
+            detail="The runtime restarted after claiming; it cannot tell whether the call ran.",
+        )
+        return _settled(occurrence, client.command(command_id)) or _unknown(occurrence)
+    try:
+        result = execute(occurrence.proposal.arguments, detail.idempotency_key)
+    except EffectRejected as exc:
+        client.report_effect(
+            command_id, execution_id=execution_id, outcome="rejected", detail=str(exc)[:2000]
+        )
+        return Outcome("failed", occurrence.occurrence_id, f"Refused: {exc}", command_id=command_id)
+    except Exception as exc:
+        client.report_effect(
+            command_id,
+            execution_id=execution_id,
+            outcome="outcome_unknown",
+            detail=_unknown_detail(exc),
+        )
+        return _unknown(occurrence, command_id)
+    client.report_effect(
+        command_id, execution_id=execution_id, outcome="committed", receipt=receipt_of(result)
+    )
+    return _executed(occurrence, detail, result)
+
+
+async def arun_decided(
+    client: AsyncApprovalConsole,
+    occurrence: Occurrence,
+    *,
+    execution_id: str,
+    execute: AsyncExecute,
+    renew_expired: bool = True,
+) -> Outcome:
+    """:func:`run_decided` for the async client and an async tool."""
+    if (early := _not_decided(occurrence)) is not None:
+        return early
+    if occurrence.status == "auto_admitted":
+        result = await execute(occurrence.proposal.arguments, f"auto_{occurrence.occurrence_id}")
+        return Outcome("executed", occurrence.occurrence_id, receipt_of(result), result=result)
+    if _expired(occurrence) and _ours(occurrence, execution_id) is None:
+        return await _arenew(client, occurrence, renew_expired)
+    command_id = _ours(occurrence, execution_id)
+    fresh = False
+    if command_id is None:
+        try:
+            token = await client.pickup(occurrence.occurrence_id, execution_id)
+        except errors.AlreadyClaimed as exc:
+            if exc.execution_id != execution_id or not exc.command_id:
+                return _claimed_by_other(occurrence, exc.execution_id)
+            command_id = exc.command_id
+        except errors.Rejected as exc:
+            return _rejected(occurrence, exc.reason)
+        except errors.ApprovalExpired:
+            return await _arenew(client, occurrence, renew_expired)
+        except errors.NotApproved:
+            return _not_decided(await client.get(occurrence.occurrence_id)) or Outcome(
+                "pending", occurrence.occurrence_id, "Waiting for a reviewer's decision."
+            )
+        else:
+            occurrence = await client.get(occurrence.occurrence_id)
+            claim = await client.claim(
+                token,
+                tool=occurrence.tool,
+                arguments=occurrence.proposal.arguments,
+                execution_id=execution_id,
+            )
+            del token
+            command_id, fresh = claim.command_id, not claim.duplicate
+    detail = await client.command(command_id)
+    if (settled := _settled(occurrence, detail)) is not None:
+        return settled
+    if not fresh and (await client.tool(occurrence.tool)).replay_safety not in REPLAY_SAFE:
+        await client.report_effect(
+            command_id,
+            execution_id=execution_id,
+            outcome="outcome_unknown",
+            detail="The runtime restarted after claiming; it cannot tell whether the call ran.",
+        )
+        return _settled(occurrence, await client.command(command_id)) or _unknown(occurrence)
+    try:
+        result = await execute(occurrence.proposal.arguments, detail.idempotency_key)
+    except EffectRejected as exc:
+        await client.report_effect(
+            command_id, execution_id=execution_id, outcome="rejected", detail=str(exc)[:2000]
+        )
+        return Outcome("failed", occurrence.occurrence_id, f"Refused: {exc}", command_id=command_id)
+    except Exception as exc:
+        await client.report_effect(
+            command_id,
+            execution_id=execution_id,
+            outcome="outcome_unknown",
+            detail=_unknown_detail(exc),
+        )
+        return _unknown(occurrence, command_id)
+    await client.report_effect(
+        command_id, execution_id=execution_id, outcome="committed", receipt=receipt_of(result)
+    )
+    return _executed(occurrence, detail, result)
+
+
+def _unknown(occurrence: Occurrence, command_id: str | None = None) -> Outcome:
+    return Outcome(
+        "outcome_unknown",
+        occurrence.occurrence_id,
+        f"Whether {occurrence.tool} took effect is unknown; an operator will reconcile it. "
+        "Do not retry it.",
+        command_id=command_id,
+    )
+
+
+def _claimed_by_other(occurrence: Occurrence, execution_id: str | None) -> Outcome:
+    return Outcome(
+        "refused",
+        occurrence.occurrence_id,
+        f"Another execution ({execution_id}) already claimed this approval; not run here.",
+    )
+
+
+def _renewed(occurrence: Occurrence) -> Outcome:
+    return Outcome(
+        "renewed",
+        occurrence.occurrence_id,
+        "The approval expired before it was used; the call went back to review.",
+    )
+
+
+def _expired_outcome(occurrence: Occurrence) -> Outcome:
+    return Outcome("refused", occurrence.occurrence_id, "The approval expired before it was used.")
+
+
+def _renew(client: ApprovalConsole, occurrence: Occurrence, allowed: bool) -> Outcome:
+    if not allowed:
+        return _expired_outcome(occurrence)
+    # NotRenewable: renewed meanwhile (pending_review) by another worker of this run.
+    with contextlib.suppress(errors.NotRenewable):
+        client.renew(occurrence.occurrence_id)
+    return _renewed(occurrence)
+
+
+async def _arenew(client: AsyncApprovalConsole, occurrence: Occurrence, allowed: bool) -> Outcome:
+    if not allowed:
+        return _expired_outcome(occurrence)
+    with contextlib.suppress(errors.NotRenewable):
+        await client.renew(occurrence.occurrence_id)
+    return _renewed(occurrence)

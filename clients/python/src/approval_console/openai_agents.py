@@ -1,0 +1,287 @@
+"""OpenAI Agents SDK bridge: the SDK's tool approvals decided in the approval console.
+
+::
+
+    from agents import Agent, Runner, RunState
+    from approval_console import AsyncApprovalConsole
+    from approval_console.openai_agents import ConsoleBridge
+
+    bridge = ConsoleBridge(AsyncApprovalConsole(url, key), run_id="conversation-7")
+    close_case = await bridge.tool_from_contract("close_case", close_case_impl)
+    agent = Agent(name="support", tools=[close_case])
+
+    result = await Runner.run(agent, "Close case 77")
+    await bridge.submit(result.interruptions)          # one proposal per approval request
+    saved = result.to_state().to_json()                 # store it; the process may stop
+
+    state = await RunState.from_json(agent, saved)      # later, maybe in another process
+    if (await bridge.resolve(state)).ready:             # the console's decisions, applied
+        result = await Runner.run(agent, state)
+
+The gated tools have ``needs_approval=True``, so the SDK interrupts the run before each
+call. :meth:`ConsoleBridge.submit` proposes each interruption (``run_id`` = the bridge's
+run, ``client_ref`` from the call id: submitting twice proposes nothing new).
+:meth:`ConsoleBridge.resolve` reads the console's decision for each interruption of a
+``RunState`` and applies it: ``state.approve(item)`` for an approval, ``state.reject(item,
+rejection_message=<the reviewer's reason>)`` for a rejection, never ``always_approve``; an
+approval that expired unclaimed is renewed and waits again. The SDK's approval only lets
+the tool start: inside it the bridge picks up the token for the execution id of (run, call,
+attempt), claims what the reviewer approved (an edit included) and runs the tool once. A
+saved state resumed twice (or after a crash) runs the tool once: the second claim finds the
+approval consumed by this execution and the command's effect recorded. Nothing the bridge
+stores holds a token; the run state holds only the SDK's own items.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents import FunctionTool, RunState, ToolApprovalItem
+from agents.tool_context import ToolContext
+
+from approval_console.client import AsyncApprovalConsole
+from approval_console.execution import client_ref_for, execution_id_for
+from approval_console.gate import AsyncExecute, Outcome, arun_decided
+from approval_console.models import Occurrence, Proposed
+
+
+@dataclass
+class Resolution:
+    """What :meth:`ConsoleBridge.resolve` did to a run state's interruptions."""
+
+    approved: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # call id -> reason
+    pending: list[str] = field(default_factory=list)
+    occurrences: dict[str, str] = field(default_factory=dict)  # call id -> occurrence id
+
+    @property
+    def ready(self) -> bool:
+        """Every interruption is decided: run the state again."""
+        return not self.pending
+
+
+def _arguments(item: ToolApprovalItem) -> dict[str, Any]:
+    raw = item.arguments or "{}"
+    parsed = json.loads(raw)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"tool call {item.call_id} has arguments that are not an object")
+    return parsed
+
+
+def _function_calls(snapshot: Any) -> Iterator[tuple[str, str]]:
+    """(call id, tool name) of every function call in a serialized run state."""
+    if isinstance(snapshot, dict):
+        if snapshot.get("type") == "function_call" and isinstance(snapshot.get("call_id"), str):
+            yield snapshot["call_id"], str(snapshot.get("name") or "")
+        for value in snapshot.values():
+            yield from _function_calls(value)
+    elif isinstance(snapshot, list):
+        for value in snapshot:
+            yield from _function_calls(value)
+
+
+def _repeat_message(reason: str) -> str:
+    return (
+        f"This exact call was already rejected in this conversation: {reason}. "
+        "It was not proposed again; do not retry it, tell the user."
+    )
+
+
+class ConsoleBridge:
+    """Gates tools of one agent run (``run_id``: the conversation or run the state belongs
+    to; the same value after a restart)."""
+
+    def __init__(
+        self,
+        client: AsyncApprovalConsole,
+        run_id: str,
+        *,
+        requested_by: str | None = None,
+        attempt: int = 1,
+        renew_expired: bool = True,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.requested_by = requested_by
+        self.attempt = attempt
+        self.renew_expired = renew_expired
+        self._gated: set[str] = set()
+        self.outcomes: list[Outcome] = []
+
+    def execution_id(self, call_id: str) -> str:
+        return execution_id_for(self.run_id, call_id, self.attempt, prefix="oa")
+
+    # --- tools --------------------------------------------------------------------------
+
+    def function_tool(
+        self,
+        name: str,
+        execute: AsyncExecute,
+        *,
+        description: str,
+        params_json_schema: dict[str, Any],
+    ) -> FunctionTool:
+        """A ``FunctionTool`` needing approval whose body claims and runs ``execute``
+        (``await execute(approved_arguments, idempotency_key)``)."""
+        self._gated.add(name)
+
+        async def invoke(ctx: ToolContext[Any], _model_arguments: str) -> str:
+            outcome = await self._run(name, ctx.tool_call_id, execute)
+            self.outcomes.append(outcome)
+            return outcome.message
+
+        return FunctionTool(
+            name=name,
+            description=description,
+            params_json_schema=params_json_schema,
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+            needs_approval=True,
+        )
+
+    async def tool_from_contract(
+        self, name: str, execute: AsyncExecute, *, description: str | None = None
+    ) -> FunctionTool:
+        """:meth:`function_tool` with the console's contract as the parameters' schema."""
+        contract = await self.client.tool(name)
+        schema = dict(contract.arguments_schema)
+        schema.pop("$schema", None)
+        return self.function_tool(
+            name,
+            execute,
+            description=description or contract.description or name,
+            params_json_schema=schema,
+        )
+
+    async def _run(self, name: str, call_id: str, execute: AsyncExecute) -> Outcome:
+        occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+        if occurrence is None:
+            return Outcome(
+                "refused", "", f"{name} was not proposed to the approval console; not run."
+            )
+        return await arun_decided(
+            self.client,
+            occurrence,
+            execution_id=self.execution_id(call_id),
+            execute=execute,
+            renew_expired=False,  # the SDK approved it already; renewing is resolve()'s part
+        )
+
+    # --- approvals ----------------------------------------------------------------------
+
+    def _gated_items(self, items: Sequence[ToolApprovalItem]) -> list[ToolApprovalItem]:
+        return [i for i in items if i.name in self._gated and i.call_id]
+
+    async def submit(
+        self, interruptions: Sequence[ToolApprovalItem], *, reason: str | None = None
+    ) -> list[Proposed]:
+        """Propose each gated interruption (again: the same occurrence, nothing new)."""
+        proposed = []
+        for item in self._gated_items(interruptions):
+            proposed.append(await self._propose(item, reason))
+        return proposed
+
+    async def _propose(self, item: ToolApprovalItem, reason: str | None) -> Proposed:
+        assert item.name is not None and item.call_id is not None
+        return await self.client.propose(
+            item.name,
+            _arguments(item),
+            run_id=self.run_id,
+            reason=reason or f"The agent called {item.name}.",
+            client_ref=client_ref_for(item.call_id),
+            requested_by=self.requested_by,
+        )
+
+    async def resolve(self, state: RunState[Any, Any]) -> Resolution:
+        """Apply the console's decisions to the state's interruptions. An interruption not
+        proposed yet is proposed, unless it repeats a call of this run that a reviewer
+        rejected: that one is rejected at once with the earlier reason (no second review)."""
+        resolution = Resolution()
+        rejected: dict[str, str] | None = None
+        for item in self._gated_items(state.get_interruptions()):
+            call_id = str(item.call_id)
+            occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+            if occurrence is None:
+                if rejected is None:
+                    rejected = await self._rejected_digests(state, exclude=call_id)
+                repeat = await self._repeat_reason(item, rejected)
+                if repeat is not None:
+                    state.reject(item, rejection_message=_repeat_message(repeat))
+                    resolution.rejected[call_id] = repeat
+                    continue
+                proposed = await self._propose(item, None)
+                resolution.occurrences[call_id] = proposed.occurrence_id
+                prior = [p for p in proposed.prior_decisions if p.decision == "rejected"]
+                if prior and proposed.status == "pending_review":
+                    # The state lost the earlier call; the console remembers its rejection.
+                    state.reject(item, rejection_message=_repeat_message(prior[0].reason))
+                    resolution.rejected[call_id] = prior[0].reason
+                else:
+                    resolution.pending.append(call_id)
+                continue
+            resolution.occurrences[call_id] = occurrence.occurrence_id
+            decision = await self._decision(occurrence)
+            if decision == "approved":
+                state.approve(item)
+                resolution.approved.append(call_id)
+            elif decision == "rejected":
+                reason = occurrence.rejection_reason or "rejected"
+                state.reject(
+                    item,
+                    rejection_message=f"A reviewer rejected this call: {reason}. "
+                    "Do not retry it; tell the user.",
+                )
+                resolution.rejected[call_id] = reason
+            else:
+                resolution.pending.append(call_id)
+        return resolution
+
+    async def _rejected_digests(self, state: RunState[Any, Any], *, exclude: str) -> dict[str, str]:
+        """Digest -> reason of the run's earlier calls (found in the state) of gated tools
+        that the console rejected."""
+        try:
+            snapshot = state.to_json()
+        except Exception:  # a context the SDK cannot serialize: no history to compare
+            return {}
+        found: dict[str, str] = {}
+        for call_id, name in dict(_function_calls(snapshot)).items():
+            if call_id == exclude or name not in self._gated:
+                continue
+            earlier = await self.client.lookup(self.run_id, client_ref_for(call_id))
+            if earlier is not None and earlier.status == "rejected":
+                found[earlier.proposal.action_digest] = earlier.rejection_reason
+        return found
+
+    async def _repeat_reason(
+        self, item: ToolApprovalItem, rejected: Mapping[str, str]
+    ) -> str | None:
+        if not rejected or item.name is None:
+            return None
+        digest = (await self.client.canonicalize(item.name, _arguments(item))).action_digest
+        return rejected.get(digest)
+
+    async def _decision(self, occurrence: Occurrence) -> str:
+        """approved, rejected or pending (an expired approval is renewed: pending again)."""
+        status = occurrence.status
+        approval = occurrence.approval
+        if status in {"approved", "claimed", "auto_admitted"}:
+            expired = status == "approved" and approval is not None and approval.state == "expired"
+            if not expired:
+                return "approved"
+        if status == "rejected":
+            return "rejected"
+        if status == "revoked":
+            return "rejected"
+        if status in {"approved", "expired"} and self.renew_expired:
+            await self.client.renew(occurrence.occurrence_id)
+        return "pending"
+
+    async def wait(self, state: RunState[Any, Any], *, timeout: float = 900.0) -> Resolution:
+        """Wait for each pending interruption's review, then :meth:`resolve`."""
+        resolution = await self.resolve(state)
+        for call_id in resolution.pending:
+            await self.client.wait(resolution.occurrences[call_id], timeout=timeout)
+        return await self.resolve(state) if resolution.pending else resolution
