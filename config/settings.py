@@ -171,6 +171,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The console's 404 and 500 pages under DEBUG too (config/errors.py).
+    "config.errors.ErrorPagesMiddleware",
     # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]

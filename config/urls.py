@@ -10,11 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.templatetags.static import static
 from django.urls import include, path
-from django.views import defaults
 from django.views.generic import RedirectView
 
-from approvals.api import api, database_unavailable_response, error_response
-from config import health
+from approvals.api import api, database_unavailable_response
+from config import errors, health
 from reconciliation.api import router as execution_router
 
 # The execution endpoints belong to reconciliation, which sits above approvals: the
@@ -46,10 +45,9 @@ urlpatterns = [
 ]
 
 
-def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return error_response("not_found", "No such API endpoint.", 404)
-    return defaults.page_not_found(request, exception)
+# The console's own error pages (config/errors.py), with DEBUG on too.
+handler404 = errors.page_not_found
+handler403 = errors.permission_denied
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
@@ -57,9 +55,7 @@ def handler500(request: HttpRequest) -> HttpResponse:
     # (and logs it afterwards through django.request, with its traceback and trace id).
     if isinstance(sys.exc_info()[1], DATABASE_UNAVAILABLE):
         return handler503(request)
-    if request.path.startswith("/api/"):
-        return error_response("server_error", "The console hit an unexpected error.", 500)
-    return defaults.server_error(request)
+    return errors.server_error(request)
 
 
 # What a lost or refused database connection raises. Every change is one transaction, so

@@ -292,7 +292,7 @@ def test_a_message_marked_safe_is_still_shown_as_text_inside_hx_disable(reviewer
 
     html = client.get("/reviews/").content.decode()
 
-    assert '<div class="messages" role="status" hx-disable>' in html
+    assert '<div class="messages" data-announce-load hx-disable>' in html
     assert "&lt;/p&gt;&lt;/div&gt;&lt;form hx-post=" in html, "the message is shown, escaped"
     assert "<form hx-post=" not in html
 

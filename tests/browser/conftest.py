@@ -87,8 +87,16 @@ class Contexts:
     artifacts: Path
     opened: list[BrowserContext] = field(default_factory=list)
 
-    def new(self) -> BrowserContext:
-        context = self.browser.new_context(viewport=VIEWPORT, base_url=self.base_url)  # type: ignore[arg-type]
+    def new(self, *, width: int = 0, bypass_csp: bool = False) -> BrowserContext:
+        """A context at the default viewport, or ``width`` px wide (640 is 1280 at 200%
+        zoom). ``bypass_csp`` lets a test inject a script of its own (axe-core) into the
+        page; the console's pages are checked against their CSP in other contexts."""
+        viewport = {**VIEWPORT, "width": width} if width else VIEWPORT
+        context = self.browser.new_context(
+            viewport=viewport,  # type: ignore[arg-type]
+            base_url=self.base_url,
+            bypass_csp=bypass_csp,
+        )
         context.set_default_timeout(STATE_TIMEOUT_MS)
         self.opened.append(context)
         return context
