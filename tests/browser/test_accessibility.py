@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from approvals import services
+from approvals import reviewer_tokens, services
 from approvals.models import Approval, Membership, Occurrence, Tenant
 from tests.browser.a11y import (
     AxeReport,
@@ -160,6 +160,17 @@ def test_the_reviewer_pages_in_every_state(
     expect(walk.wide.locator("#evidence-summary")).to_contain_text("1 replay refused")
     walk.visit("not found", "/reviews/no-such-page/", 404)
     walk.visit("not allowed", "/operations/", 403)
+    reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=runtime.key.tenant, name="nightly-tests", lifetime_days=30
+    )
+    walk.visit("access tokens", "/account/tokens/")
+    for n, page in enumerate((walk.wide, walk.narrow)):
+        page.locator("#token-tenant").select_option(runtime.key.tenant.slug)
+        page.locator("#token-name").fill(f"ci-{n}")
+        with page.expect_navigation():
+            page.locator("#token-create-form [type=submit]").click()
+        expect(page.locator("#new-token")).to_be_visible()
+    walk.check("access tokens, one just created")
 
     walk.login(admin_user.username)
     walk.visit("review, issued, as an admin (revoke form)", f"/reviews/{states.issued}/")
