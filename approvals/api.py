@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import structlog
 from django.conf import settings
@@ -37,14 +37,16 @@ from django.utils.http import parse_etags, quote_etag
 from django.views.decorators.debug import sensitive_variables
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
+from ninja.openapi.schema import OpenAPISchema
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
-from pydantic import ConfigDict, StrictStr
+from pydantic import ConfigDict, StrictBool, StrictStr, WithJsonSchema, field_validator
 
 from approvals import (
     callbacks,
     metrics,
+    openapi,
     presenters,
     ratelimit,
     reviewer_tokens,
@@ -162,6 +164,15 @@ def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpR
 
 
 class AgentAPI(NinjaAPI):
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> OpenAPISchema:
+        # ninja's document, plus what it cannot derive from the operations: response
+        # headers, links between operations, UUID path parameters (approvals.openapi).
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        openapi.complete(schema)
+        return schema
+
     def _get_urls(self) -> list[URLResolver | URLPattern]:
         urls = super()._get_urls()
         for pattern in urls:
@@ -176,6 +187,7 @@ _throttle = RuntimeKeyThrottle()
 api = AgentAPI(
     title="Approval console agent API",
     version="1",
+    description=openapi.API_DESCRIPTION,
     urls_namespace="api-v1",
     parser=StrictJSONParser(),
     auth=RuntimeKeyAuth(),
@@ -324,12 +336,38 @@ class StrictSchema(Schema):
 
 
 class ProposeIn(StrictSchema):
-    tool: StrictStr = Field(..., min_length=1, max_length=100)
-    arguments: dict[str, Any]
-    run_id: StrictStr = Field(..., min_length=1, max_length=200)
-    reason: StrictStr = Field(..., max_length=2000)
-    requested_by: StrictStr | None = Field(None, max_length=150)
-    client_ref: StrictStr | None = Field(None, min_length=1, max_length=200)
+    tool: StrictStr = Field(
+        ...,
+        min_length=1,
+        max_length=100,
+        pattern=openapi.NO_NUL,
+        description="A tool contract's name (`GET /api/v1/tools`); another is 422 unknown_tool.",
+        examples=["issue_refund"],
+    )
+    arguments: dict[str, Any] = Field(
+        ...,
+        description=openapi.CONTRACT_RULES,
+        json_schema_extra=openapi.ARGUMENTS,
+        examples=[openapi.REFUND_ARGUMENTS],
+    )
+    run_id: StrictStr = Field(
+        ..., min_length=1, max_length=200, pattern=openapi.NO_NUL, examples=["run-1"]
+    )
+    reason: StrictStr = Field(
+        ..., max_length=2000, pattern=openapi.NO_NUL, examples=["The customer asked for it."]
+    )
+    requested_by: StrictStr | None = Field(
+        None, max_length=150, pattern=openapi.NO_NUL, examples=["alice@example.com"]
+    )
+    client_ref: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=openapi.NO_NUL,
+        description="The runtime's own id of this call (a tool-call id): idempotency per "
+        "`(run_id, client_ref)`.",
+        examples=["call_0"],
+    )
 
 
 class ProposalOut(Schema):
@@ -347,7 +385,7 @@ class ProposalOut(Schema):
 
 
 class PriorDecisionOut(Schema):
-    occurrence_id: str
+    occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
     decision: Literal["rejected"]
     reason: str
     decided_at: datetime | None
@@ -355,7 +393,7 @@ class PriorDecisionOut(Schema):
 
 
 class ProposeOut(Schema):
-    occurrence_id: str
+    occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
     status: str
     proposal: ProposalOut
     rejection_reason: str = Field(
@@ -387,7 +425,7 @@ ExecutedBy = Literal["console", "runtime"]
 
 
 class CommandOut(Schema):
-    id: str
+    id: str = Field(..., json_schema_extra=openapi.UUID)
     idempotency_key: str
     state: str = Field(
         ..., description="The command's effect; `pending` means not sent (`effect_state`)."
@@ -405,7 +443,7 @@ class EpochOut(Schema):
 
 
 class OccurrenceOut(Schema):
-    occurrence_id: str
+    occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
     status: str
     tool: str
     run_id: str
@@ -429,8 +467,10 @@ class TokenIn(StrictSchema):
         None,
         min_length=1,
         max_length=200,
+        pattern=openapi.NO_NUL,
         description="The execution that will claim: binds the approval to it, and lets it "
         "ask again (a re-delivery) while the approval is unclaimed.",
+        examples=[openapi.EXECUTION_ID],
     )
 
 
@@ -449,20 +489,47 @@ class TokenOut(Schema):
 
 
 class ActionIn(StrictSchema):
-    tool: StrictStr = Field(..., min_length=1, max_length=100)
-    arguments: dict[str, Any]
+    tool: StrictStr = Field(
+        ..., min_length=1, max_length=100, pattern=openapi.NO_NUL, examples=["issue_refund"]
+    )
+    arguments: dict[str, Any] = Field(
+        ...,
+        description=openapi.CONTRACT_RULES,
+        json_schema_extra=openapi.ARGUMENTS,
+        examples=[openapi.REFUND_ARGUMENTS],
+    )
 
 
 class ClaimIn(StrictSchema):
-    token: StrictStr = Field(..., min_length=1, max_length=200)
-    action: ActionIn
-    execution_id: StrictStr = Field(..., min_length=1, max_length=200)
-    message_id: StrictStr | None = Field(None, max_length=200)
+    token: StrictStr = Field(
+        ...,
+        min_length=1,
+        max_length=200,
+        pattern=openapi.NO_NUL,
+        description="The raw token from `POST /api/v1/occurrences/{occurrence_id}/token`.",
+        examples=["apv_<the token picked up>"],
+    )
+    action: ActionIn = Field(
+        ...,
+        description="The action about to run: it must be the approved one (its canonical "
+        "digest), or the claim is refused as scope_mismatch.",
+    )
+    execution_id: StrictStr = Field(
+        ...,
+        min_length=1,
+        max_length=200,
+        pattern=openapi.NO_NUL,
+        description="The execution claiming; the one the token was picked up with, if any.",
+        examples=[openapi.EXECUTION_ID],
+    )
+    message_id: StrictStr | None = Field(
+        None, max_length=200, pattern=openapi.NO_NUL, examples=["msg-1"]
+    )
 
 
 class ClaimOut(Schema):
     decision: Literal["approved", "duplicate_delivery"]
-    command_id: str
+    command_id: str = Field(..., json_schema_extra=openapi.UUID)
     idempotency_key: str
     executed_by: ExecutedBy = Field(
         ...,
@@ -509,18 +576,60 @@ class AuditQuery(Schema):
     )
     occurrence: uuid.UUID | None = Field(None, description="Only this occurrence's events.")
     fingerprint: str | None = Field(
-        None, min_length=1, max_length=16, description="Only events of this token fingerprint."
+        None,
+        min_length=1,
+        max_length=16,
+        pattern=openapi.NO_NUL,
+        description="Only events of this token fingerprint.",
     )
     execution: str | None = Field(
-        None, min_length=1, max_length=200, description="Only events of this execution id."
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=openapi.NO_NUL,
+        description="Only events of this execution id.",
     )
-    since: datetime | None = Field(
-        None, description="Only events whose source time is at or after this (ISO 8601)."
+    since: Annotated[datetime, WithJsonSchema(openapi.SINCE)] | None = Field(
+        None,
+        description="Only events whose source time is at or after this: an ISO 8601 date, "
+        "or date and time (UTC when it has no offset).",
     )
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _since_is_iso_8601(cls, value: Any) -> Any:
+        # pydantic would also read a number as a Unix time; the filter is ISO 8601 only.
+        if isinstance(value, str) and not openapi.ISO_DATE_PREFIX.match(value):
+            raise ValueError("since is not an ISO 8601 date or date and time.")
+        return value
 
 
 class AuditCursorOut(Schema):
     cursor: int
+
+
+class AuditEventLineOut(Schema):
+    """One line of the audit export (``selectors.audit_event_line``)."""
+
+    cursor: int = Field(..., description="Pass the last line's as `after` for the next page.")
+    event_id: str = Field(..., json_schema_extra=openapi.UUID)
+    kind: str
+    occurrence_id: str | None = Field(..., json_schema_extra=openapi.UUID)
+    actor: str
+    token_fingerprint: str | None
+    decision: str | None
+    reason_code: str | None
+    execution_id: str | None
+    message_id: str | None
+    command_id: str | None = Field(..., json_schema_extra=openapi.UUID)
+    trace_id: str | None
+    source_time: datetime
+    ingested_at: datetime
+    data: dict[str, Any]
+    ingestion_id: int | None
+    chain_seq: int | None
+    hash: str | None
+    prev_hash: str | None
 
 
 class AuditIngestOut(Schema):
@@ -566,21 +675,24 @@ def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
     ]
 
 
-# Statuses every operation may answer besides its own: the key, and the body's envelope.
-_AUTH_ERRORS: dict[int, type[Schema]] = {401: ErrorOut}
-_BODY_ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}
+# Statuses every operation may answer besides its own: the key (401), its request budget
+# (429) and the database (503); a JSON body's envelope (400, 413, 415, 422). The drift test
+# (tests/api/test_schema.py) checks that every operation lists them.
+AUTH_ERRORS: dict[int, type[Schema]] = {401: ErrorOut, 429: ErrorOut, 503: ErrorOut}
+BODY_ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}
+_AUTH_ERRORS, _BODY_ERRORS = AUTH_ERRORS, BODY_ERRORS
 
 
 @api.post(
     "/occurrences",
-    response={200: ProposeOut, 201: ProposeOut, 409: ErrorOut, 422: ErrorOut},
+    response={200: ProposeOut, 201: ProposeOut, **AUTH_ERRORS, 409: ErrorOut, **BODY_ERRORS},
     summary="Propose a tool call for review",
     description="Idempotent per `(run_id, client_ref)`: the same run sending the same "
     "`client_ref` with the same action gets the same occurrence (200); with another action, "
     "409 `client_ref_conflict`. Another run may reuse a `client_ref`. The answer lists the "
     "run's earlier rejections of the same action (`prior_decisions`); a contract with "
     "`reject_repeats` rejects such a repeat at once (status `rejected`, the original reason "
-    "in `rejection_reason`).",
+    "in `rejection_reason`).\n\n" + openapi.CONTRACT_RULES,
 )
 def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
     occurrence, created = services.occurrence_propose(
@@ -695,6 +807,8 @@ def occurrence_detail(
 
 
 class DecisionIn(StrictSchema):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=openapi.decision_in_schema)
+
     decision: Literal["approve", "reject"]
     seen_digest: StrictStr | None = Field(
         None,
@@ -778,9 +892,16 @@ class CallbackIn(StrictSchema):
         ...,
         min_length=1,
         max_length=2000,
-        description="Where each decision on this key's requests is POSTed (https).",
+        # Documented, not enforced here: the service names what is wrong (invalid_url,
+        # https_required, private_host) where a pattern would say only invalid_field.
+        json_schema_extra={"pattern": openapi.CALLBACK_URL},
+        description="Where each decision on this key's requests is POSTed (https). 422 "
+        "`invalid_url` for another scheme, spaces or control characters, or credentials "
+        "in it, `https_required` for http unless the console "
+        "allows it, `private_host` for a loopback or private address.",
+        examples=["https://agents.example.com/console-callback"],
     )
-    rotate_secret: bool = Field(
+    rotate_secret: StrictBool = Field(
         False, description="Mint a new signing secret (the answer shows it once)."
     )
 
@@ -846,8 +967,8 @@ def callback_delete(request: HttpRequest) -> tuple[int, None]:
 
 
 class LookupQuery(Schema):
-    run_id: str = Field(..., min_length=1, max_length=200)
-    client_ref: str = Field(..., min_length=1, max_length=200)
+    run_id: str = Field(..., min_length=1, max_length=200, pattern=openapi.NO_NUL)
+    client_ref: str = Field(..., min_length=1, max_length=200, pattern=openapi.NO_NUL)
 
 
 @api.get(
@@ -929,7 +1050,18 @@ def token_pickup(
     }
 
 
-@api.post("/claims", response={200: ClaimOut, 403: ClaimRefusedOut, 422: ErrorOut})
+@api.post(
+    "/claims",
+    response={200: ClaimOut, **AUTH_ERRORS, 403: ClaimRefusedOut, **BODY_ERRORS},
+    summary="Claim an approval: the one command it allows, or why not",
+    description="Presents the token with the action about to run and the execution running "
+    "it. `200 approved` creates the command (once: the same execution and message again is "
+    "`duplicate_delivery`, the same command). Any refusal is 403 with `decision` "
+    "(`replayed`, `scope_mismatch`, `expired`, `revoked`, `unknown_token`) and `reason` "
+    "beside the error envelope; an action outside its tool's contract matches no approval "
+    "and is `scope_mismatch`, reason `action_invalid` (the contract: "
+    "`GET /api/v1/tools/{name}`). A malformed body is 400/413/415/422 as everywhere.",
+)
 def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
     result = services.approval_claim(
         tenant=runtime_key_of(request).tenant,
@@ -1078,7 +1210,8 @@ def tools(request: HttpRequest) -> dict[str, Any]:
     tags=["contracts"],
 )
 def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
-    contract = selectors.tool_contract(name)
+    # No contract's name holds a NUL character, which PostgreSQL text cannot even compare.
+    contract = selectors.tool_contract(name) if "\x00" not in name else None
     if contract is None:
         raise Http404
     return _tool_out(contract)
@@ -1089,7 +1222,7 @@ def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
     response={200: CanonicalOut, **_AUTH_ERRORS, **_BODY_ERRORS},
     summary="The canonical form and digest of an action, without proposing it",
     description="Checks the action as a proposal would (the same 422 for an unknown tool "
-    "or arguments outside the contract) and writes nothing.",
+    "or arguments outside the contract) and writes nothing.\n\n" + openapi.CONTRACT_RULES,
     tags=["contracts"],
 )
 def canonicalize_action(request: HttpRequest, payload: ActionIn) -> dict[str, Any]:
@@ -1112,11 +1245,25 @@ AUDIT_EXPORT_CHAIN_LIMIT = 10_000
 
 @api.get(
     "/audit/events",
+    # 200 is NDJSON, not JSON: its media type and line schema are in openapi_extra.
+    response={200: None, **AUTH_ERRORS, 422: ErrorOut},
     summary="The tenant's audit events after a cursor, as NDJSON",
     description="One JSON object per line, in cursor order. Pass the last line's `cursor` "
     "as `after` for the next page: no event is skipped or repeated across pages, even while "
     "events are being written, because only events below every still-open writer's ids are "
-    "served. Every event served is hash-chained (`chain_seq`, `hash`, `prev_hash`).",
+    "served. Every event served is hash-chained (`chain_seq`, `hash`, `prev_hash`). A "
+    "malformed filter is 422.",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "`application/x-ndjson`: one event per line, each an object "
+                "of this schema.",
+                "content": {
+                    "application/x-ndjson": {"schema": AuditEventLineOut.model_json_schema()}
+                },
+            }
+        }
+    },
 )
 def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHttpResponse:
     tenant = runtime_key_of(request).tenant
@@ -1124,6 +1271,13 @@ def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHtt
     since = query.since
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
+    try:
+        # In UTC: PostgreSQL refuses offsets beyond ±15:59 that ISO 8601 allows.
+        since = since.astimezone(UTC) if since is not None else None
+    except OverflowError:
+        raise InputError(
+            "out_of_range", "since: the time is outside the years 1 to 9999 in UTC.", "since"
+        ) from None
     filters = selectors.AuditFilter(
         kind=query.kind,
         occurrence_id=query.occurrence,
@@ -1139,7 +1293,7 @@ def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHtt
 
 @api.get(
     "/audit/events/cursor",
-    response=AuditCursorOut,
+    response={200: AuditCursorOut, **AUTH_ERRORS},
     summary="The newest cursor: start reading from now on without reading from 0",
 )
 def audit_events_cursor(request: HttpRequest) -> dict[str, int]:
@@ -1184,6 +1338,33 @@ _AUDIT_NULLABLE = {
     "reason_code",
     "occurrence_id",
 }
+
+
+def _audit_batch_schema() -> dict[str, Any]:
+    """The JSON Schema of an ingest batch's lines, from the rules ``_audit_field`` applies."""
+    properties: dict[str, Any] = {}
+    for name, (_, longest) in _AUDIT_LINE_FIELDS.items():
+        text: dict[str, Any] = {"type": "string", "maxLength": longest, "pattern": openapi.NO_NUL}
+        if name in {"event_id", "command_id", "occurrence_id"}:
+            text = {"type": "string", **openapi.UUID}
+        elif name == "source_time":
+            text = {"type": "string", "format": "date-time", "maxLength": longest}
+        elif name == "kind":
+            text = {"type": "string", "pattern": _AUDIT_KIND.pattern}
+        elif name == "fingerprint":
+            text = {"type": "string", "pattern": _FINGERPRINT.pattern}
+        if name in _AUDIT_NULLABLE:
+            # "" is read as null too.
+            properties[name] = {"anyOf": [text, {"type": "null"}, {"const": ""}]}
+        else:
+            properties[name] = text
+    line = {
+        "type": "object",
+        "properties": properties,
+        "required": [name for name, (required, _) in _AUDIT_LINE_FIELDS.items() if required],
+        "additionalProperties": False,
+    }
+    return {"type": "array", "minItems": 1, "items": line}
 
 
 class _LineRefused(Exception):
@@ -1294,18 +1475,23 @@ def _ndjson_body(request: HttpRequest) -> bytes | HttpResponse:
 
 @api.post(
     "/audit/events",
-    response={200: AuditIngestOut, 400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut},
+    response={200: AuditIngestOut, **AUTH_ERRORS, **BODY_ERRORS},
     summary="Ingest other producers' audit events (NDJSON)",
     description="One event per line: `event_id` (the producer's, a UUID), `kind`, "
     "`fingerprint`, `decision`, `execution_id`, `message_id`, `command_id`, `source_time` "
     "(ISO 8601 with an offset), and optionally `reason_code` and `occurrence_id`; the values "
     "an event does not have may be null. A producer event id stored before (by an earlier "
     "batch or an earlier line) is stored once and counted as a duplicate delivery. A bad "
-    "line refuses the whole batch with 422, naming each bad line. At most 1 MiB.",
+    "line refuses the whole batch with 422, naming each bad line. At most 1 MiB. No value "
+    "may hold a raw approval token or runtime key (`raw_token`); each line is strict JSON "
+    "(no NUL character, integers within ±(2^53 - 1)); an `occurrence_id` must name an "
+    "occurrence of the key's tenant (`unknown_occurrence`).",
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+            "description": "NDJSON: the events one JSON object per line, without an enclosing "
+            "array (the schema's array is the sequence of lines).",
+            "content": {"application/x-ndjson": {"schema": _audit_batch_schema()}},
         }
     },
 )

@@ -96,6 +96,10 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 def _check_url(url: str) -> str:
     url = (url or "").strip()
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise InputError(
+            "invalid_url", "The callback URL may hold no spaces or control characters.", "url"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise InputError("invalid_url", "The callback URL must be an http(s) URL.", "url")

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import Http404, HttpRequest
 from ninja import Field, Router, Schema, Status
-from pydantic import StrictStr
+from pydantic import StrictStr, StringConstraints
 
-from approvals.api import EffectState, ErrorOut, ExecutedBy, StrictSchema, runtime_key_of
+from approvals import openapi
+from approvals.api import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    EffectState,
+    ErrorOut,
+    ExecutedBy,
+    StrictSchema,
+    runtime_key_of,
+)
 from approvals.selectors import parse_uuid
 from reconciliation import selectors, services
 
@@ -59,8 +68,8 @@ class InterruptionOut(Schema):
 
 
 class CommandDetailOut(Schema):
-    command_id: str
-    occurrence_id: str
+    command_id: str = Field(..., json_schema_extra=openapi.UUID)
+    occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
     tool: str
     idempotency_key: str
     execution_id: str
@@ -75,22 +84,26 @@ class CommandDetailOut(Schema):
     interruptions: list[InterruptionOut]
 
 
+# A string of a JSON body: the parser refuses a NUL character in any of them.
+_Text = Annotated[StrictStr, StringConstraints(pattern=openapi.NO_NUL)]
+
+
 class EffectIn(StrictSchema):
-    execution_id: StrictStr = Field(..., min_length=1, max_length=200)
+    execution_id: _Text = Field(..., min_length=1, max_length=200)
     outcome: Literal["committed", "rejected", "outcome_unknown", "interrupted"]
-    receipt: StrictStr | None = Field(None, max_length=200)
-    detail: StrictStr | None = Field(None, max_length=2000)
-    challenges: list[StrictStr] | None = Field(None, max_length=20)
+    receipt: _Text | None = Field(None, max_length=200)
+    detail: _Text | None = Field(None, max_length=2000)
+    challenges: list[_Text] | None = Field(None, max_length=20)
 
 
 class EpochIn(StrictSchema):
-    execution_id: StrictStr = Field(..., min_length=1, max_length=200)
-    reason: StrictStr = Field(..., min_length=1, max_length=2000)
+    execution_id: _Text = Field(..., min_length=1, max_length=200)
+    reason: _Text = Field(..., min_length=1, max_length=2000)
 
 
 class EpochOut(Schema):
-    occurrence_id: str
-    command_id: str
+    occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
+    command_id: str = Field(..., json_schema_extra=openapi.UUID)
     number: int
     execution_id: str
     justification: str
@@ -116,7 +129,7 @@ def _command(request: HttpRequest, command_id: str) -> dict[str, Any]:
 
 @router.get(
     "/commands/{command_id}",
-    response={200: CommandDetailOut, 404: ErrorOut},
+    response={200: CommandDetailOut, **AUTH_ERRORS, 404: ErrorOut},
     summary="A command, its effect, invocations, epochs and interruptions",
 )
 def command_detail(request: HttpRequest, command_id: str) -> dict[str, Any]:
@@ -125,7 +138,14 @@ def command_detail(request: HttpRequest, command_id: str) -> dict[str, Any]:
 
 @router.post(
     "/commands/{command_id}/effect",
-    response={200: CommandDetailOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    response={
+        200: CommandDetailOut,
+        **AUTH_ERRORS,
+        403: ErrorOut,
+        404: ErrorOut,
+        409: ErrorOut,
+        **BODY_ERRORS,
+    },
     summary="Report the effect of a command the runtime executed itself",
 )
 def command_effect(request: HttpRequest, command_id: str, payload: EffectIn) -> dict[str, Any]:
@@ -145,7 +165,7 @@ def command_effect(request: HttpRequest, command_id: str, payload: EffectIn) -> 
 
 @router.post(
     "/occurrences/{occurrence_id}/epochs",
-    response={201: EpochOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut},
+    response={201: EpochOut, **AUTH_ERRORS, 404: ErrorOut, 409: ErrorOut, **BODY_ERRORS},
     summary="Ask for another attempt at an occurrence (a new epoch)",
 )
 def occurrence_epoch(

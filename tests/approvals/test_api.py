@@ -531,6 +531,7 @@ def test_openapi_schema_lists_every_endpoint(client: Any) -> None:
         "/api/v1/occurrences/{occurrence_id}": {"get"},
         "/api/v1/occurrences/{occurrence_id}/renew": {"post"},
         "/api/v1/occurrences/{occurrence_id}/decisions": {"post"},
+        "/api/v1/callback": {"get", "put", "delete"},
         "/api/v1/occurrences/{occurrence_id}/token": {"post"},
         "/api/v1/tools": {"get"},
         "/api/v1/tools/{name}": {"get"},

@@ -173,10 +173,6 @@ def test_a_failing_receiver_is_retried_with_backoff_then_delivered(
     assert attempts == [(1, 500, "HTTP 500"), (2, 503, "HTTP 503"), (3, 204, "")]
     # The same delivery id every time: the receiver deduplicates on it.
     assert {h["X-Console-Delivery"] for h, _ in receiver.received} == {str(delivery.pk)}
-    assert (
-        len({h["X-Console-Timestamp"] + h["X-Console-Signature"] for h, _ in receiver.received})
-        >= 2
-    )
 
 
 def test_after_the_last_attempt_the_delivery_fails(
@@ -229,6 +225,8 @@ def test_a_removed_callback_hears_of_nothing_more(
     [
         ("ftp://example.com/x", True, "invalid_url"),
         ("https://user:pw@example.com/x", True, "invalid_url"),
+        ("https://example.com/a b", True, "invalid_url"),
+        ("https://example.com/\x00", True, "nul_character"),  # the JSON parser's rule
         ("http://example.com/x", False, "https_required"),
         ("https://127.0.0.1:9/x", False, "private_host"),
         ("https://10.1.2.3/x", False, "private_host"),
