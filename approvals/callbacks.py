@@ -44,6 +44,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from approvals import broker
 from approvals.canonical import InputError
 from approvals.models import (
     AuditEvent,
@@ -247,14 +248,7 @@ def enqueue(delivery_id: uuid.UUID, *, countdown: float | None = None) -> bool:
     from approvals.tasks import callback_deliver
 
     try:
-        with callback_deliver.app.connection_for_write() as connection:
-            callback_deliver.apply_async(  # type: ignore[call-arg]
-                args=(str(delivery_id),),
-                countdown=countdown,  # type: ignore[arg-type]
-                connection=connection,
-                retry=True,
-                retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-            )
+        broker.publish(callback_deliver, (str(delivery_id),), countdown=countdown)
     except Exception:  # the broker's failures are many; none may fail the caller
         log.exception("callback.enqueue_failed", delivery_id=str(delivery_id))
         return False

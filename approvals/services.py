@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from approvals import callbacks, claim_sql, ratelimit, selectors, signals, tokens
+from approvals import callbacks, claim_sql, keycache, ratelimit, selectors, signals, tokens
 from approvals.canonical import CanonicalAction, InputError, canonicalize, validate_arguments
 from approvals.models import (
     Approval,
@@ -420,12 +420,22 @@ RUNTIME_KEY_LAST_USED_PRECISION = timedelta(minutes=1)
 
 @sensitive_variables("raw")
 def runtime_key_authenticate(raw: str) -> RuntimeKey | None:
-    key = (
-        RuntimeKey.objects.select_related("tenant")
-        .filter(key_hash=tokens.hash_secret(raw), is_active=True)
-        .first()
-    )
-    if key is None or not tokens.hashes_match(key.key_hash, raw):
+    """The active key ``raw`` names, with its tenant, or None. Read from the database at
+    most once a second per process (``approvals.keycache``): a deactivated key is refused
+    within a second everywhere, at once by the process that deactivated it."""
+    key_hash = tokens.hash_secret(raw)
+    key = keycache.get(key_hash)
+    if key is None:
+        read_at = keycache.now()
+        key = (
+            RuntimeKey.objects.select_related("tenant")
+            .filter(key_hash=key_hash, is_active=True)
+            .first()
+        )
+        if key is None:
+            return None
+        keycache.put(key_hash, key, read_at=read_at)
+    if not tokens.hashes_match(key.key_hash, raw):
         return None
     now = timezone.now()
     stale = now - RUNTIME_KEY_LAST_USED_PRECISION
@@ -436,6 +446,7 @@ def runtime_key_authenticate(raw: str) -> RuntimeKey | None:
             Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)
         ).update(last_used_at=now)
         key.last_used_at = now
+        keycache.touch(key_hash, now)
     return key
 
 
@@ -470,6 +481,8 @@ def runtime_key_deactivate(*, key: RuntimeKey, admin: User) -> bool:
     _require_role(admin, key.tenant_id, Membership.Role.ADMIN)
     with transaction.atomic():
         changed = RuntimeKey.objects.filter(pk=key.pk, is_active=True).update(is_active=False)
+        # This process refuses the key from now on; the others within a second (keycache).
+        transaction.on_commit(functools.partial(keycache.forget, key.pk))
         if changed:
             audit_record(
                 kind="runtime_key.deactivated",

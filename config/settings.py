@@ -281,6 +281,10 @@ API_RATE_WINDOW_SECONDS = env_int("API_RATE_WINDOW_SECONDS", 60, minimum=1)
 # Claims refused with a token the tenant never issued: audited one by one up to this many
 # per key and window; the rest are counted into one security.refusals_burst event.
 API_AUDITED_REFUSALS_PER_WINDOW = env_int("API_AUDITED_REFUSALS_PER_WINDOW", 20)
+# Seconds a web process may answer a runtime key from memory instead of reading its row
+# (approvals/keycache.py): a deactivated key is refused everywhere within this, at most 1;
+# 0 reads the row on every request.
+RUNTIME_KEY_CACHE_SECONDS = env_float("RUNTIME_KEY_CACHE_SECONDS", 1.0)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

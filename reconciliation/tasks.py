@@ -10,6 +10,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from approvals import broker
 from approvals.models import Command
 from reconciliation.dispatch import command_dispatch
 from reconciliation.faults import crash_point
@@ -63,18 +64,9 @@ def operations_escalate() -> int:
 
 def enqueue(command_id: str, *, countdown: float | None = None) -> bool:
     """Publish a delivery; False (logged) if the broker cannot be reached, in which case
-    the sweep delivers the command later. A fresh broker connection per publish, so that a
-    forked process never shares a socket with its parent."""
-    app = command_deliver.app
+    the sweep delivers the command later. Over a pooled connection (``approvals.broker``)."""
     try:
-        with app.connection_for_write() as connection:
-            command_deliver.apply_async(  # type: ignore[call-arg]
-                args=(command_id,),
-                countdown=countdown,  # type: ignore[arg-type]
-                connection=connection,
-                retry=True,
-                retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-            )
+        broker.publish(command_deliver, (command_id,), countdown=countdown)
     except Exception:  # the broker's failures are many; none may fail the caller
         log.exception("dispatch.enqueue_failed", command_id=command_id)
         return False
