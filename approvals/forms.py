@@ -15,7 +15,7 @@ STATE_ALL = "all"
 STATE_CHOICES = [
     (Occurrence.Status.PENDING_REVIEW.value, "Pending review"),
     (Occurrence.Status.APPROVED.value, "Approved"),
-    (Occurrence.Status.CLAIMED.value, "Claimed"),
+    (Occurrence.Status.CLAIMED.value, Occurrence.Status.CLAIMED.label),
     (Occurrence.Status.REJECTED.value, "Rejected"),
     (Occurrence.Status.REVOKED.value, "Revoked"),
     (Occurrence.Status.EXPIRED.value, "Expired"),

@@ -439,7 +439,9 @@ class Occurrence(models.Model):
         APPROVED = "approved", "Approved"
         REJECTED = "rejected", "Rejected"
         AUTO_ADMITTED = "auto_admitted", "Auto-admitted"
-        CLAIMED = "claimed", "Claimed"
+        # The API's value stays "claimed" (v1); every page says what the approval's state
+        # says: consumed, one word for one state.
+        CLAIMED = "claimed", "Consumed"
         REVOKED = "revoked", "Revoked"
         # The approval expired unclaimed (written by the expiry sweep).
         EXPIRED = "expired", "Expired"

@@ -318,3 +318,21 @@ def test_a_request_leaving_the_list_ends_the_inbox_polls_204s(
     response = client.get(poll, headers=HTMX)
     assert response.status_code == 200
     assert row_ids(parse(response)) == [ids[1]]
+
+
+def test_a_claimed_request_is_consumed_on_every_page(runtime: Runtime, reviewer: Any) -> None:
+    """One word per state: the API keeps its v1 value, every page says consumed."""
+    occurrence_id = propose(runtime)
+    approve(occurrence_id, reviewer)
+    token = runtime.token(occurrence_id).json()["token"]
+    assert runtime.claim(token, "exec-1").json()["decision"] == "approved"
+    assert runtime.get(f"/api/v1/occurrences/{occurrence_id}").json()["status"] == "claimed"
+    client = signed_in(reviewer)
+
+    inbox = client.get("/reviews/?state=claimed").content.decode()
+    review = client.get(f"/reviews/{occurrence_id}/").content.decode()
+
+    assert re.search(r'class="badge badge--claimed">Consumed<', inbox), inbox
+    assert '<option value="claimed" selected>Consumed</option>' in inbox  # the filter
+    assert "Claimed" not in inbox and "Claimed" not in review
+    assert "Consumed" in review
