@@ -63,6 +63,7 @@ from approvals.models import (
     RuntimeKey,
     ToolContract,
 )
+from approvals.vocabulary import AdmittingDecision, ClaimDecision, RefusingDecision
 
 # --- parsing and errors -----------------------------------------------------------------
 
@@ -528,7 +529,7 @@ class ClaimIn(StrictSchema):
 
 
 class ClaimOut(Schema):
-    decision: Literal["approved", "duplicate_delivery"]
+    decision: AdmittingDecision
     command_id: str = Field(..., json_schema_extra=openapi.UUID)
     idempotency_key: str
     executed_by: ExecutedBy = Field(
@@ -555,7 +556,7 @@ class ErrorOut(Schema):
 
 
 class ClaimRefusedOut(Schema):
-    decision: Literal["replayed", "scope_mismatch", "expired", "revoked", "unknown_token"]
+    decision: RefusingDecision
     reason: str
     error: ErrorBody = Field(
         ..., description="The same refusal in the API's error envelope (`code` = `decision`)."
@@ -1086,12 +1087,12 @@ def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
     return Status(403, claim_refused_body(result.decision, result.reason))
 
 
-_CLAIM_REFUSALS = {
-    "replayed": "Another execution already claimed this approval.",
-    "scope_mismatch": "The presented action is not one this approval covers.",
-    "expired": "The approval expired before it was claimed.",
-    "revoked": "An admin revoked this approval.",
-    "unknown_token": "There is no such token for this runtime key's tenant.",
+_CLAIM_REFUSALS: dict[str, str] = {
+    ClaimDecision.REPLAYED: "Another execution already claimed this approval.",
+    ClaimDecision.SCOPE_MISMATCH: "The presented action is not one this approval covers.",
+    ClaimDecision.EXPIRED: "The approval expired before it was claimed.",
+    ClaimDecision.REVOKED: "An admin revoked this approval.",
+    ClaimDecision.UNKNOWN_TOKEN: "There is no such token for this runtime key's tenant.",
 }
 
 

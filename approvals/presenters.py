@@ -53,6 +53,7 @@ from approvals.selectors import (
     approval_state,
     effective_approval_state,
 )
+from approvals.vocabulary import ClaimDecision
 
 PANEL_POLL_SECONDS = 2
 INBOX_POLL_SECONDS = 5
@@ -396,21 +397,23 @@ def inbox_list(
 # --- the history table ------------------------------------------------------------------
 
 # Claim decisions an investigator must not miss: each is a refused use of an approval.
-SECURITY_DECISIONS = {
-    "replayed": "Replay refused",
-    "scope_mismatch": "Scope mismatch",
-    "unknown_token": "Unknown token",
-    "expired": "Expired token",
-    "revoked": "Revoked token",
+SECURITY_DECISIONS: dict[str, str] = {
+    ClaimDecision.REPLAYED: "Replay refused",
+    ClaimDecision.SCOPE_MISMATCH: "Scope mismatch",
+    ClaimDecision.UNKNOWN_TOKEN: "Unknown token",
+    ClaimDecision.EXPIRED: "Expired token",
+    ClaimDecision.REVOKED: "Revoked token",
 }
 
-OUTCOME_TEXT = {
-    "replayed": "Another execution already used this approval; this one was refused.",
-    "scope_mismatch": "The claimed action is not the approved one; refused, token unused.",
-    "unknown_token": "No such token in this tenant; refused.",
-    "expired": "The approval had expired; refused.",
-    "revoked": "The approval was revoked; refused.",
-    "duplicate_delivery": (
+OUTCOME_TEXT: dict[str, str] = {
+    ClaimDecision.REPLAYED: "Another execution already used this approval; this one was refused.",
+    ClaimDecision.SCOPE_MISMATCH: (
+        "The claimed action is not the approved one; refused, token unused."
+    ),
+    ClaimDecision.UNKNOWN_TOKEN: "No such token in this tenant; refused.",
+    ClaimDecision.EXPIRED: "The approval had expired; refused.",
+    ClaimDecision.REVOKED: "The approval was revoked; refused.",
+    ClaimDecision.DUPLICATE_DELIVERY: (
         "The same execution delivered its claim again (a queue redelivery): it got the "
         "existing command back; nothing ran twice."
     ),
@@ -504,7 +507,7 @@ def history_row(event: AuditEvent) -> HistoryRow:
             flag_label, outcome = "Approval revoked", "An admin revoked the approval."
         else:
             flag_label, outcome = SECURITY_DECISIONS[decision], OUTCOME_TEXT[decision]
-    elif decision == "duplicate_delivery":
+    elif decision == ClaimDecision.DUPLICATE_DELIVERY:
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = OUTCOME_TEXT[decision]
     elif event.kind == "dispatch.redelivered":
@@ -566,7 +569,7 @@ def _plural(n: int, one: str, many: str) -> str:
 def evidence_parts(tally: ClaimTally) -> list[EvidencePart]:
     """One line telling a redelivery from a replay, from the occurrence's claim events:
     ``1 command · 2 deliveries of execution worker-a · 1 replay refused (worker-b)``."""
-    approved = tally.by_decision.get("approved", 0)
+    approved = tally.by_decision.get(ClaimDecision.APPROVED, 0)
     parts = [EvidencePart(_plural(tally.commands, "command", "commands"), alarm=tally.commands > 1)]
     if approved > 1:
         parts.append(EvidencePart(f"{approved:,} approved claims: control failure", alarm=True))
@@ -590,7 +593,7 @@ def evidence_parts(tally: ClaimTally) -> list[EvidencePart]:
                 )
             )
         )
-    replays = tally.by_decision.get("replayed", 0)
+    replays = tally.by_decision.get(ClaimDecision.REPLAYED, 0)
     if replays:
         parts.append(
             EvidencePart(
@@ -604,7 +607,7 @@ def evidence_parts(tally: ClaimTally) -> list[EvidencePart]:
     else:
         parts.append(EvidencePart("no replay attempts"))
     for decision, count in tally.by_decision.items():
-        if decision in SECURITY_DECISIONS and decision != "replayed":
+        if decision in SECURITY_DECISIONS and decision != ClaimDecision.REPLAYED:
             label = SECURITY_DECISIONS[decision].lower()
             parts.append(
                 EvidencePart(_plural(count, f"claim refused: {label}", f"claims refused: {label}"))

@@ -26,6 +26,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from approvals import vocabulary
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     Approval,
@@ -41,6 +42,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.vocabulary import ClaimDecision
 
 
 def parse_uuid(value: str) -> uuid.UUID | None:
@@ -859,7 +861,7 @@ def rejected_by(occurrence: Occurrence) -> str:
 # How many executions the evidence line names; it counts the others.
 EVIDENCE_NAMES = 10
 # Claims that handed out the command: the first one, and redeliveries to the same execution.
-DELIVERED = ("approved", "duplicate_delivery")
+DELIVERED = vocabulary.ADMITTING
 
 
 @dataclass(frozen=True)
@@ -909,14 +911,14 @@ def claim_tally(occurrence: Occurrence) -> ClaimTally:
         if decision in DELIVERED:
             execution = group["delivered_to"]
             deliveries[execution] = deliveries.get(execution, 0) + group["n"]
-        if decision == "approved":
+        if decision == ClaimDecision.APPROVED:
             commands += group["commands"]
-        if decision == "replayed":
+        if decision == ClaimDecision.REPLAYED:
             replayer_total = group["executions"]
     replayers: list[str] = []
     if replayer_total:
         replayers = list(
-            claims.filter(decision="replayed")
+            claims.filter(decision=ClaimDecision.REPLAYED)
             .values("execution_id")
             .annotate(first=Min("id"))
             .order_by("first")

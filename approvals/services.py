@@ -38,6 +38,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.vocabulary import ClaimDecision, ClaimReason
 
 log = structlog.get_logger("approvals")
 _stdlib_log = logging.getLogger("approvals")
@@ -1162,14 +1163,9 @@ def _refuse_delivery(approval_id: int, execution_id: str) -> NoReturn:
     raise ServiceError("not_approved", "The approved version is no longer current.")
 
 
-class Decision:
-    APPROVED = "approved"
-    DUPLICATE_DELIVERY = "duplicate_delivery"
-    REPLAYED = "replayed"
-    SCOPE_MISMATCH = "scope_mismatch"
-    EXPIRED = "expired"
-    REVOKED = "revoked"
-    UNKNOWN_TOKEN = "unknown_token"
+# The claim's decisions and reasons (``approvals.vocabulary``), by their old names here too.
+Decision = ClaimDecision
+Reason = ClaimReason
 
 
 @dataclass(frozen=True)
@@ -1303,7 +1299,7 @@ def approval_claim(
             actor=_runtime_actor(runtime_key),
             token_fingerprint=consumed.fingerprint,
             decision=Decision.APPROVED,
-            reason_code="claimed",
+            reason_code=Reason.CLAIMED,
             execution_id=execution_id,
             message_id=message_id,
             command_id=command.id,
@@ -1318,7 +1314,7 @@ def approval_claim(
         transaction.on_commit(
             functools.partial(command_announce, command_id=command.id, executed_by=executed_by)
         )
-    return ClaimResult(Decision.APPROVED, "claimed", command)
+    return ClaimResult(Decision.APPROVED, Reason.CLAIMED, command)
 
 
 def command_announce(*, command_id: uuid.UUID, executed_by: str) -> None:
@@ -1332,30 +1328,30 @@ def command_announce(*, command_id: uuid.UUID, executed_by: str) -> None:
 
 def _explain_refusal(
     approval: claim_sql.FoundApproval, digest: str | None, tool: str, execution_id: str
-) -> tuple[str, str]:
+) -> tuple[ClaimDecision, ClaimReason]:
     """``digest`` is None when the presented action breaks its contract."""
     if approval.state == Approval.State.CONSUMED:
         if approval.consumed_by_execution != execution_id:
-            return Decision.REPLAYED, "consumed_by_other_execution"
+            return Decision.REPLAYED, Reason.CONSUMED_BY_OTHER_EXECUTION
         if digest is None:
-            return Decision.SCOPE_MISMATCH, "action_invalid"
+            return Decision.SCOPE_MISMATCH, Reason.ACTION_INVALID
         if approval.action_digest == digest:
-            return Decision.DUPLICATE_DELIVERY, "same_execution_redelivery"
-        return Decision.SCOPE_MISMATCH, "action_differs"
+            return Decision.DUPLICATE_DELIVERY, Reason.SAME_EXECUTION_REDELIVERY
+        return Decision.SCOPE_MISMATCH, Reason.ACTION_DIFFERS
     if approval.bound_execution_id and approval.bound_execution_id != execution_id:
         # The token was delivered to another execution: whoever presents it copied it.
-        return Decision.REPLAYED, "bound_to_other_execution"
+        return Decision.REPLAYED, Reason.BOUND_TO_OTHER_EXECUTION
     if approval.state == Approval.State.REVOKED:
-        return Decision.REVOKED, "revoked_by_admin"
+        return Decision.REVOKED, Reason.REVOKED_BY_ADMIN
     if approval.state == Approval.State.EXPIRED or approval.expired:
-        return Decision.EXPIRED, "expired"
+        return Decision.EXPIRED, Reason.EXPIRED
     if approval.superseded:
-        return Decision.SCOPE_MISMATCH, "proposal_superseded"
+        return Decision.SCOPE_MISMATCH, Reason.PROPOSAL_SUPERSEDED
     if digest is None:
-        return Decision.SCOPE_MISMATCH, "action_invalid"
+        return Decision.SCOPE_MISMATCH, Reason.ACTION_INVALID
     if approval.tool_name != tool:
-        return Decision.SCOPE_MISMATCH, "tool_differs"
-    return Decision.SCOPE_MISMATCH, "action_differs"
+        return Decision.SCOPE_MISMATCH, Reason.TOOL_DIFFERS
+    return Decision.SCOPE_MISMATCH, Reason.ACTION_DIFFERS
 
 
 @sensitive_variables("token")
@@ -1389,11 +1385,11 @@ def _claim_refused(
         approval = None
         retired = _retired_token(tenant, token_hash, token)
     if retired is not None:
-        decision, reason = Decision.REPLAYED, "token_redelivered"
+        decision, reason = Decision.REPLAYED, Reason.TOKEN_REDELIVERED
     elif approval is None:
-        decision, reason = Decision.UNKNOWN_TOKEN, "no_such_token"
+        decision, reason = Decision.UNKNOWN_TOKEN, Reason.NO_SUCH_TOKEN
     elif other_key:
-        decision, reason = Decision.SCOPE_MISMATCH, "other_runtime_key"
+        decision, reason = Decision.SCOPE_MISMATCH, Reason.OTHER_RUNTIME_KEY
     else:
         decision, reason = _explain_refusal(approval, digest, tool, execution_id)
         if decision == Decision.DUPLICATE_DELIVERY:

@@ -34,7 +34,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from approvals import tokens
+from approvals import tokens, vocabulary
 from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
@@ -46,6 +46,7 @@ from approvals.models import (
 )
 from approvals.presenters import MoneyLine, money_lines, reveal_html
 from approvals.selectors import effective_approval_state, parse_uuid
+from approvals.vocabulary import ClaimDecision
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 # --- who may investigate ------------------------------------------------------------------
@@ -113,10 +114,10 @@ def query_read(raw: str) -> QueryRead:
 
 # --- the facts (plain values: what ``assess`` reads) -------------------------------------
 
-APPROVED = "approved"
-DUPLICATE_DELIVERY = "duplicate_delivery"
-REPLAYED = "replayed"
-REFUSALS = ("replayed", "scope_mismatch", "expired", "revoked", "unknown_token")
+APPROVED = ClaimDecision.APPROVED
+DUPLICATE_DELIVERY = ClaimDecision.DUPLICATE_DELIVERY
+REPLAYED = ClaimDecision.REPLAYED
+REFUSALS = vocabulary.REFUSING
 # Kinds other producers use for a claim decision (the background article's among them).
 _CLAIM_KINDS = ("approval_decision", "approval_claimed")
 REDELIVERED_KIND = "dispatch.redelivered"

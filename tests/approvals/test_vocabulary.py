@@ -1,0 +1,47 @@
+"""Issue 10: the claim's words are typed once (approvals.vocabulary) and every surface
+uses them: services, the API's schema, the pages' labels, the operators' investigations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from approvals import presenters, selectors, services, vocabulary
+from approvals.vocabulary import ClaimDecision, ClaimReason, literal_values
+from reconciliation import investigations
+
+
+def test_the_api_literals_are_the_vocabularys_groups() -> None:
+    assert literal_values(vocabulary.AdmittingDecision) == tuple(vocabulary.ADMITTING)
+    assert literal_values(vocabulary.RefusingDecision) == tuple(vocabulary.REFUSING)
+    assert set(vocabulary.ADMITTING) | set(vocabulary.REFUSING) == set(ClaimDecision)
+    assert not set(vocabulary.ADMITTING) & set(vocabulary.REFUSING)
+
+
+def test_the_schema_lists_exactly_the_decisions(client: Any) -> None:
+    schemas = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
+
+    assert set(schemas["ClaimOut"]["properties"]["decision"]["enum"]) == set(vocabulary.ADMITTING)
+    assert set(schemas["ClaimRefusedOut"]["properties"]["decision"]["enum"]) == set(
+        vocabulary.REFUSING
+    )
+
+
+def test_every_surface_names_every_decision() -> None:
+    assert services.Decision is ClaimDecision
+    assert selectors.DELIVERED == vocabulary.ADMITTING
+    assert investigations.REFUSALS == vocabulary.REFUSING
+    for decision in vocabulary.REFUSING:
+        assert decision in presenters.SECURITY_DECISIONS
+        assert decision in presenters.OUTCOME_TEXT
+    assert ClaimDecision.DUPLICATE_DELIVERY in presenters.OUTCOME_TEXT
+
+
+def test_every_reason_a_claim_can_give_is_in_the_vocabulary() -> None:
+    """The reasons written in services are members, not strings typed again."""
+    source = Path(services.__file__).read_text(encoding="utf-8")
+    start = source.index("def approval_claim(")
+    end = source.index("# --- revocation (the kill switch)")
+    claim_code = source[start:end]
+    for reason in ClaimReason:
+        assert f'"{reason.value}"' not in claim_code, reason
