@@ -501,6 +501,17 @@ class ActionIn(StrictSchema):
     )
 
 
+class CanonicalizeIn(ActionIn):
+    run_id: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=openapi.NO_NUL,
+        description="With it, the answer lists this run's rejected occurrences of the same "
+        "action (`prior_decisions`), so a runtime can tell a model why before proposing again.",
+    )
+
+
 class ClaimIn(StrictSchema):
     token: StrictStr = Field(
         ...,
@@ -1170,6 +1181,11 @@ class CanonicalOut(Schema):
     canonical_action: str = Field(..., description="RFC 8785 JSON of `{tool, arguments}`.")
     action_digest: str = Field(..., description="SHA-256 (hex) of `canonical_action`.")
     approvals_needed: int = Field(..., description="Distinct approvers this call would need.")
+    prior_decisions: list[PriorDecisionOut] = Field(
+        default_factory=list,
+        description="With `run_id`: the run's rejected occurrences of this action, newest "
+        "first (as a proposal's answer lists them). Empty without `run_id`.",
+    )
 
 
 def _tool_out(contract: ToolContract) -> dict[str, Any]:
@@ -1226,14 +1242,31 @@ def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
     "or arguments outside the contract) and writes nothing.\n\n" + openapi.CONTRACT_RULES,
     tags=["contracts"],
 )
-def canonicalize_action(request: HttpRequest, payload: ActionIn) -> dict[str, Any]:
+def canonicalize_action(request: HttpRequest, payload: CanonicalizeIn) -> dict[str, Any]:
     contract, action = services.action_canonical(payload.tool, payload.arguments)
+    prior = []
+    if payload.run_id is not None:
+        prior = [
+            {
+                "occurrence_id": str(p.occurrence_id),
+                "decision": p.decision,
+                "reason": p.reason,
+                "decided_at": p.decided_at,
+                "decided_by": p.decided_by,
+            }
+            for p in selectors.prior_rejections(
+                tenant=runtime_key_of(request).tenant,
+                run_id=payload.run_id,
+                action_digest=action.digest,
+            )
+        ]
     return {
         "tool": contract.name,
         "arguments": json.loads(action.canonical)["arguments"],
         "canonical_action": action.canonical,
         "action_digest": action.digest,
         "approvals_needed": contract.approvals_needed(payload.arguments),
+        "prior_decisions": prior,
     }
 
 

@@ -231,7 +231,7 @@ def test_request_strings_state_the_nul_rule_and_integers_their_range(
         for media in operation.get("requestBody", {}).get("content", {}).values()
         for ref in re.findall(r'"\$ref": "([^"]+)"', json.dumps(media))
     }
-    assert {"ProposeIn", "ClaimIn", "ActionIn", "TokenIn", "EffectIn"} <= request_components
+    assert {"ProposeIn", "ClaimIn", "CanonicalizeIn", "TokenIn", "EffectIn"} <= request_components
     checked = 0
     for name in request_components | {"JSONValue"}:
         for where, string in _strings(components[name], name):

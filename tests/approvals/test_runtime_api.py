@@ -795,9 +795,36 @@ def test_canonicalize_returns_what_a_proposal_would_digest_and_writes_nothing(
         "canonical_action": REFUND_CANONICAL,
         "action_digest": REFUND_DIGEST,
         "approvals_needed": 1,
+        "prior_decisions": [],
     }
     assert counts() == before
     assert runtime.propose().json()["proposal"]["action_digest"] == REFUND_DIGEST
+
+
+def test_canonicalize_with_a_run_tells_of_its_rejections_without_proposing(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    """A runtime that lost a rejection from its history asks before proposing again."""
+    rejected = runtime.propose(run_id="run-9").json()["occurrence_id"]
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=rejected), reviewer=reviewer, reason="Not again"
+    )
+    before = counts()
+
+    same_run = runtime.post(
+        "/api/v1/actions/canonicalize",
+        {"tool": "issue_refund", "arguments": REFUND_ARGS, "run_id": "run-9"},
+    ).json()
+    other_run = runtime.post(
+        "/api/v1/actions/canonicalize",
+        {"tool": "issue_refund", "arguments": REFUND_ARGS, "run_id": "run-10"},
+    ).json()
+
+    assert [
+        (p["occurrence_id"], p["reason"], p["decided_by"]) for p in same_run["prior_decisions"]
+    ] == [(rejected, "Not again", "rita")]
+    assert other_run["prior_decisions"] == []
+    assert counts() == before
 
 
 def test_canonicalize_says_how_many_approvers_a_large_refund_needs(runtime: Runtime) -> None:
