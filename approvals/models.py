@@ -578,7 +578,7 @@ class Approval(models.Model):
     # The execution a pickup with an ``execution_id`` bound the approval to: only it may
     # ask for the token again (a re-delivery) or claim. Empty: picked up without one (or
     # not yet), the single delivery of API v1 as first shipped.
-    bound_execution_id = models.CharField(max_length=200, blank=True, default="")
+    bound_execution_id = models.CharField(max_length=200, blank=True, default="", db_default="")
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=150, blank=True)
     revoke_reason = models.TextField(blank=True)
