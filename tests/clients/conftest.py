@@ -4,9 +4,11 @@ do (there is no reviewer API yet)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from approval_console import ApprovalConsole, AsyncApprovalConsole, RetryPolicy
@@ -17,6 +19,16 @@ from approvals.models import Approval, AuditEvent, Command, Occurrence
 from tests.conftest import Runtime, approve
 
 CASE_ARGS: dict[str, Any] = {"case_id": "case_77"}
+
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` in a thread of its own. In the whole suite, the browser tests'
+    Playwright (sync API) keeps an event loop running on the main thread for the session,
+    and ``asyncio.run`` refuses to start inside a running loop."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 class Sleeps:

@@ -3,7 +3,6 @@ exceptions, retries that honour Retry-After, and a token nothing prints."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import pickle
 import socket
@@ -23,7 +22,15 @@ from approval_console import (
 )
 
 from approvals.models import Command, Occurrence, Tenant
-from tests.clients.conftest import CASE_ARGS, Sleeps, approve, commands_of, expire, reject
+from tests.clients.conftest import (
+    CASE_ARGS,
+    Sleeps,
+    approve,
+    commands_of,
+    expire,
+    reject,
+    run_async,
+)
 from tests.conftest import Runtime, make_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -244,7 +251,7 @@ def test_async_client(async_console_factory: Callable[[], AsyncApprovalConsole],
             assert (await client.tool("close_case")).replay_safety == "unsafe"
             return proposed.occurrence_id
 
-    occurrence_id = asyncio.run(propose())
+    occurrence_id = run_async(propose())
     approve(occurrence_id, reviewer)
 
     async def claim() -> Any:
@@ -256,7 +263,7 @@ def test_async_client(async_console_factory: Callable[[], AsyncApprovalConsole],
                 token, tool="close_case", arguments=CASE_ARGS, execution_id="exec-a"
             )
 
-    assert asyncio.run(claim()).decision == "approved"
+    assert run_async(claim()).decision == "approved"
     assert len(commands_of(occurrence_id)) == 1
 
 

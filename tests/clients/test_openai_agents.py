@@ -5,7 +5,6 @@ client, bridge and agent, as a restarted process would build them, sharing nothi
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ from approval_console import AsyncApprovalConsole
 from approval_console.openai_agents import ConsoleBridge, Resolution
 
 from approvals.models import Command, Occurrence
-from tests.clients.conftest import CASE_ARGS, approve, audit_kinds, edit, expire, reject
+from tests.clients.conftest import CASE_ARGS, approve, audit_kinds, edit, expire, reject, run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +82,7 @@ def first_phase(url: str, key: str, effects: Effects) -> tuple[dict[str, Any], s
         await process.client.aclose()
         return saved, proposed.occurrence_id
 
-    return asyncio.run(run())
+    return run_async(run())
 
 
 def resume(
@@ -107,7 +106,7 @@ def resume(
             await process.client.aclose()
         return resolution, result, process
 
-    return asyncio.run(run())
+    return run_async(run())
 
 
 def test_happy_path_across_serialization_and_a_restart(
@@ -203,7 +202,7 @@ def test_rejection_reaches_the_model_and_a_retry_is_not_proposed_again(
         await process.client.aclose()
         return first, second, result, process
 
-    first, second, result, process = asyncio.run(run())
+    first, second, result, process = run_async(run())
     assert first.rejected == {"call_0": "Case 77 has an open refund."}
     assert second.rejected == {"call_1": "Case 77 has an open refund."} and second.ready
     assert result.final_output == "I did not close it."
