@@ -47,7 +47,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from approvals import presenters, selectors, services
 from approvals.canonical import InputError
-from approvals.models import Approval, Membership, RetiredToken, RuntimeKey, Tenant
+from approvals.models import Approval, Membership, RuntimeKey, Tenant
 from approvals.presenters import MoneyLine, Notice
 from approvals.selectors import ConsoleAccess
 from approvals.views import _chrome, console_login_required
@@ -561,14 +561,9 @@ def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _render_revocations(scope, fingerprint_form=form, status=422)
     fingerprint = form.cleaned_data["fingerprint"].strip().lower()
-    # A fingerprint seen in a log may be of a token a re-delivery retired: it still names
-    # its approval.
     approval = (
-        Approval.objects.filter(tenant_id__in=scope.tenant_ids)
-        .filter(
-            Q(fingerprint=fingerprint)
-            | Q(pk__in=RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id"))
-        )
+        selectors.approvals_with_fingerprint(fingerprint)
+        .filter(tenant_id__in=scope.tenant_ids)
         .order_by("pk")
         .first()
     )

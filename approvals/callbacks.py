@@ -44,7 +44,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from approvals import broker
+from approvals import broker, tokens
 from approvals.canonical import InputError
 from approvals.models import (
     AuditEvent,
@@ -148,9 +148,7 @@ def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False
         )
         secret = ""
         if existing is None or rotate:
-            secret = "whsec_" + base64.urlsafe_b64encode(
-                uuid.uuid4().bytes + uuid.uuid4().bytes
-            ).decode().rstrip("=")
+            secret = tokens.mint(tokens.CALLBACK_SECRET_PREFIX)
         if existing is None:
             callback = RuntimeCallback.objects.create(
                 runtime_key=runtime_key,

@@ -19,6 +19,7 @@ from django.db.models import (
     Min,
     OuterRef,
     Prefetch,
+    Q,
     QuerySet,
     Subquery,
     Value,
@@ -39,6 +40,7 @@ from approvals.models import (
     Membership,
     Occurrence,
     Proposal,
+    RetiredToken,
     Tenant,
     ToolContract,
 )
@@ -1121,3 +1123,10 @@ def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> Revi
         now=now,
         effect=effect_evidence(occurrence, decision.command) if decision.command else None,
     )
+
+
+def approvals_with_fingerprint(fingerprint: str) -> QuerySet[Approval]:
+    """The approvals a token fingerprint names: the current token's, or one a re-delivery
+    retired (a fingerprint seen in an old log line still names its approval)."""
+    retired = RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id")
+    return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))

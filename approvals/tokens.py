@@ -9,6 +9,7 @@ import secrets
 APPROVAL_TOKEN_PREFIX = "apv_"
 RUNTIME_KEY_PREFIX = "rk_"
 REVIEWER_TOKEN_PREFIX = "pat_"
+CALLBACK_SECRET_PREFIX = "whsec_"
 
 
 def mint(prefix: str) -> str:

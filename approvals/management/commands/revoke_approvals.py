@@ -15,11 +15,11 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from approvals import services
-from approvals.models import Approval, RetiredToken, RuntimeKey, Tenant, ToolContract
+from approvals import selectors, services
+from approvals.models import Approval, RuntimeKey, Tenant, ToolContract
 from approvals.presenters import money_lines
 
 ACTOR = "cli:revoke_approvals"
@@ -113,10 +113,7 @@ class Command(BaseCommand):
                 "--approver, --tool, --runtime-key and --issued-before go with --tenant, "
                 "not --fingerprint."
             )
-        fingerprint = options["fingerprint"].strip()
-        # Also a token a re-delivery retired: its fingerprint still names its approval.
-        retired = RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id")
-        return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))
+        return selectors.approvals_with_fingerprint(options["fingerprint"].strip())
 
     def _by_filters(self, options: dict[str, Any]) -> QuerySet[Approval]:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
