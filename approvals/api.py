@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -45,6 +46,7 @@ from pydantic import ConfigDict, StrictBool, StrictStr, WithJsonSchema, field_va
 
 from approvals import (
     callbacks,
+    longpoll,
     metrics,
     openapi,
     presenters,
@@ -132,6 +134,10 @@ class RuntimeKeyThrottle(BaseThrottle):
     def allow_request(self, request: HttpRequest) -> bool:
         key = getattr(request, "auth", None)
         if not isinstance(key, RuntimeKey):
+            return True
+        if getattr(request, "scope", {}).get(longpoll.REREAD_SCOPE_KEY):
+            # A long-poll's later reads (approvals.longpoll): its first read was counted.
+            self._local.wait, self._local.limit = None, None
             return True
         admission = ratelimit.request_admit(key)
         self._local.wait = admission.retry_after
@@ -791,31 +797,68 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     }
 
 
+class WaitQuery(Schema):
+    wait: int = Field(
+        0,
+        ge=0,
+        le=settings.LONG_POLL_MAX_SECONDS,
+        description="Long-poll: seconds to wait for the occurrence to leave the state you "
+        "have (the one named by `If-None-Match`, or else the one it is in now) before "
+        "answering; 0 answers at once. Answers as soon as it changes (200 with the new "
+        "state), or when the time is up with the state as it is then (304 when it still "
+        "matches `If-None-Match`, else 200). It counts as one request against the key's "
+        "rate limit, however long it waits.",
+    )
+
+
 @api.get(
     "/occurrences/{occurrence_id}",
     # A reviewer's tool reads it too, to see the digest it approves.
     auth=[RuntimeKeyAuth(), ReviewerTokenAuth()],
-    response={200: OccurrenceOut, 304: None, **_AUTH_ERRORS, 404: ErrorOut},
+    response={200: OccurrenceOut, 304: None, **_AUTH_ERRORS, 404: ErrorOut, 422: ErrorOut},
     summary="An occurrence: what was proposed, approved, claimed and executed",
     description="The current proposal (canonical action, parsed arguments, digest, version, "
     "who edited it), the approval's state, the latest command with its effect, every "
     "command and epoch: enough for a runtime to compare before picking up a token and to "
     "resume after a crash. The answer carries an `ETag`; a poller that sends it back in "
-    "`If-None-Match` gets `304 Not Modified` with no body while nothing changed.",
+    "`If-None-Match` gets `304 Not Modified` with no body while nothing changed. With "
+    "`?wait=N` the request waits up to N seconds for a change (long-poll) instead of "
+    "polling: a decision answers it as its transaction commits.",
 )
 def occurrence_detail(
-    request: HttpRequest, occurrence_id: str, response: HttpResponse
+    request: HttpRequest, occurrence_id: str, response: HttpResponse, query: Query[WaitQuery]
 ) -> dict[str, Any] | HttpResponse:
-    out = _occurrence_out(_get_occurrence(request, occurrence_id))
-    etag = quote_etag(
-        hashlib.sha256(json.dumps(out, sort_keys=True, default=str).encode()).hexdigest()[:32]
-    )
-    if etag in parse_etags(request.headers.get("If-None-Match", "")):
+    out, etag = _occurrence_state(request, occurrence_id)
+    client_etags = parse_etags(request.headers.get("If-None-Match", ""))
+    if query.wait and (not client_etags or etag in client_etags):
+        # Served under ASGI, approvals.longpoll answers ?wait= without reaching this view.
+        # Here (WSGI: runserver, the test client) the thread waits, reading at intervals.
+        out, etag = _wait_in_thread(request, occurrence_id, etag, query.wait)
+    if etag in client_etags:
         not_modified = HttpResponse(status=304)
         not_modified["ETag"] = etag
         return not_modified
     response["ETag"] = etag
     return out
+
+
+def _occurrence_state(request: HttpRequest, occurrence_id: str) -> tuple[dict[str, Any], str]:
+    out = _occurrence_out(_get_occurrence(request, occurrence_id))
+    etag = quote_etag(
+        hashlib.sha256(json.dumps(out, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    )
+    return out, etag
+
+
+def _wait_in_thread(
+    request: HttpRequest, occurrence_id: str, etag: str, wait: int
+) -> tuple[dict[str, Any], str]:
+    deadline = time.monotonic() + wait
+    while True:
+        time.sleep(max(0.0, min(settings.LONG_POLL_FALLBACK_SECONDS, deadline - time.monotonic())))
+        out, now = _occurrence_state(request, occurrence_id)
+        if now != etag or time.monotonic() >= deadline:
+            return out, now
 
 
 class DecisionIn(StrictSchema):

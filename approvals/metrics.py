@@ -30,6 +30,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -49,6 +50,19 @@ CLAIMS = Counter(
     "console_claims",
     "Claims presented through the API, by decision and reason.",
     ["decision", "reason"],
+    registry=REGISTRY,
+)
+LONG_POLL_WAITING = Gauge(
+    "console_long_poll_waiting",
+    "Long-polls of GET /api/v1/occurrences/{id}?wait= waiting for a change now, after "
+    "their first read (approvals.longpoll).",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+LONG_POLL_READS = Counter(
+    "console_long_poll_reads",
+    "Reads of an occurrence made on behalf of long-polls: the first, one per wake-up "
+    "(or per fallback interval), and the last at the deadline.",
     registry=REGISTRY,
 )
 PROPOSALS = Counter(

@@ -913,11 +913,13 @@ def main(argv: list[str] | None = None) -> int:
         connections.close_all()
         server.start()
         workers = len(server.workers())
-        threads = server.env.get("GUNICORN_THREADS", "4")
+        kind = server.env.get("GUNICORN_WORKER_CLASS") or "asgi"
+        if kind == "gthread":
+            kind = f"gthread x {server.env.get('GUNICORN_THREADS', '4')} threads"
         print(
             f"http bench: {n} measured requests per arm ({warm} more to warm up), "
             f"{CONNECTIONS} keep-alive connections; gunicorn (config/gunicorn.conf.py) "
-            f"{workers} workers x {threads} threads on {os.cpu_count()} cores, DEBUG off, "
+            f"{workers} {kind} workers on {os.cpu_count()} cores, DEBUG off, "
             f"API_RATE_LIMIT={RATE_LIMIT} (set by the bench); {server_info}; broker "
             f"{re.sub(r'//[^@/]*@', '//', broker)}"
         )
@@ -967,6 +969,8 @@ def profile(
     server = Server(
         workdir,
         app="bench.profiled_wsgi:application",
+        # The profiler wraps the WSGI application: one thread, one request at a time.
+        GUNICORN_WORKER_CLASS="gthread",
         WEB_CONCURRENCY="1",
         GUNICORN_THREADS="1",
         PROFILE_PATH=path,

@@ -1,21 +1,28 @@
-"""Gunicorn's configuration for the console: ``gunicorn -c config/gunicorn.conf.py config.wsgi``.
+"""Gunicorn's configuration for the console: ``gunicorn -c config/gunicorn.conf.py``.
 
 ``bin/serve`` runs it so; everything here can be changed from the environment:
 
     HOST, PORT             where it listens (127.0.0.1:8000)
+    GUNICORN_WORKER_CLASS  asgi (default) or gthread, below
     WEB_CONCURRENCY        worker processes (default: 2 per core the process may use)
-    GUNICORN_THREADS       threads per worker (default 4)
+    GUNICORN_THREADS       threads per gthread worker (default 4)
     GUNICORN_TIMEOUT       seconds a worker may stay silent before it is replaced (30)
     GUNICORN_GRACEFUL_TIMEOUT  seconds requests in flight get after SIGTERM (30)
     GUNICORN_KEEPALIVE     seconds an idle keep-alive connection stays open (5; set it above
                            the load balancer's idle timeout when one keeps connections)
     FORWARDED_ALLOW_IPS    proxies whose X-Forwarded-* headers are trusted (gunicorn's own)
 
-Workers are ``gthread``: each process serves ``GUNICORN_THREADS`` requests at once and keeps
-client connections alive, while the processes (not the threads, which share one GIL)
-spread the Python work over the cores. A request holds at most one PostgreSQL connection,
-kept between requests (``CONN_MAX_AGE``): plan for WEB_CONCURRENCY x GUNICORN_THREADS
-connections per instance, plus the Celery workers', below PostgreSQL's ``max_connections``.
+Workers are ``asgi``: gunicorn's own asyncio worker serving ``config.asgi``. A long-poll
+(``GET /api/v1/occurrences/{id}?wait=N``) waits on the worker's event loop, holding no
+thread and no database connection (``approvals.longpoll``); every other request runs in a
+thread of its own as Django does under ASGI, and borrows a PostgreSQL connection from the
+process's pool (``DB_POOL_MAX``, 10) for as long as it runs: plan for WEB_CONCURRENCY x
+(DB_POOL_MAX + 1 LISTEN) connections per instance, plus the Celery workers', below
+PostgreSQL's ``max_connections``. The processes (not the threads, which share one GIL)
+spread the Python work over the cores. ``gthread`` serves ``config.wsgi`` on
+``GUNICORN_THREADS`` threads per process with persistent connections (``CONN_MAX_AGE``),
+a little cheaper per request, but each long-poll then holds a thread for its whole wait.
+The README's "Serving it" has the measurement.
 
 Metrics: every worker process counts on its own, so ``PROMETHEUS_MULTIPROC_DIR`` must name a
 directory they share (``approvals.metrics``). ``bin/serve`` sets it and empties it at
@@ -52,10 +59,21 @@ def _cores() -> int:
 
 CORES = _cores()
 
-wsgi_app = "config.wsgi:application"
+# asgi (the default): gunicorn's own asyncio worker serving config.asgi, where a long-poll
+# (GET /api/v1/occurrences/{id}?wait=N) waits on the event loop and holds no thread; the
+# rest of Django runs as under WSGI, each request in a thread of its own. gthread: the
+# WSGI application on threads, where each long-poll holds one of GUNICORN_THREADS.
+# The README's "Serving" section has the measurement that chose asgi.
+WORKER_CLASSES = {"asgi": "config.asgi:application", "gthread": "config.wsgi:application"}
+worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "").strip() or "asgi"
+if worker_class not in WORKER_CLASSES:
+    raise SystemExit(
+        f"gunicorn.conf.py: GUNICORN_WORKER_CLASS={worker_class!r} is not one of "
+        + ", ".join(sorted(WORKER_CLASSES))
+    )
+wsgi_app = WORKER_CLASSES[worker_class]
 bind = [f"{os.environ.get('HOST') or '127.0.0.1'}:{_int('PORT', 8000)}"]
 
-worker_class = "gthread"
 workers = _int("WEB_CONCURRENCY", 2 * CORES)
 threads = _int("GUNICORN_THREADS", 4)
 

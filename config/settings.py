@@ -195,18 +195,33 @@ TEMPLATES = [
     },
 ]
 
+# Served by config/asgi.py (set there): every request runs in a thread of its own that ends
+# with it, so a connection kept for the thread would be left behind. There, none is kept
+# and requests borrow from a psycopg pool per process instead (Django's advice for ASGI).
+SERVED_BY_ASGI = os.environ.get("CONSOLE_SERVED_BY_ASGI") == "1"
+
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         # Kept between requests (a new PostgreSQL connection per request costs more than the
         # request): one per gunicorn thread or Celery process. Not under runserver, which
-        # starts a thread per request.
-        conn_max_age=env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
+        # starts a thread per request, nor under ASGI (above).
+        conn_max_age=0 if SERVED_BY_ASGI else env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
         # A persistent connection is checked before a request uses it, so the first request
         # after the database comes back reconnects instead of failing on the dead one.
+        # Under ASGI, Django passes the same check to the pool: a connection is checked when
+        # borrowed, so a restarted database costs one failed check, not a request.
         conn_health_checks=True,
     )
 }
+if SERVED_BY_ASGI and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Per process: DB_POOL_MAX connections at most (plan WEB_CONCURRENCY x DB_POOL_MAX below
+    # max_connections); a request waits up to DB_POOL_TIMEOUT seconds for one, then fails.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("DB_POOL_MIN", 2),
+        "max_size": env_int("DB_POOL_MAX", 10, minimum=1),
+        "timeout": env_int("DB_POOL_TIMEOUT", 10, minimum=1),
+    }
 # Seconds a client is asked to wait (Retry-After) when the database is unavailable: the
 # API answers 503 database_unavailable and the console a "temporarily unavailable" page.
 DATABASE_RETRY_AFTER_SECONDS = env_int("DATABASE_RETRY_AFTER_SECONDS", 5, minimum=1)
@@ -278,6 +293,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # (approvals/ratelimit.py says why not the cache).
 API_RATE_LIMIT = env_int("API_RATE_LIMIT", 600, minimum=1)
 API_RATE_WINDOW_SECONDS = env_int("API_RATE_WINDOW_SECONDS", 60, minimum=1)
+# GET /api/v1/occurrences/{id}?wait=N (approvals/longpoll.py): the longest wait a client may
+# ask for, and how often a waiter reads when it cannot be woken by PostgreSQL's LISTEN
+# (SQLite, a LISTEN connection being re-made, or a WSGI server, where each waiter holds a
+# thread). A long-poll counts as one request against the key's rate limit.
+LONG_POLL_MAX_SECONDS = env_int("LONG_POLL_MAX_SECONDS", 60, minimum=1)
+LONG_POLL_FALLBACK_SECONDS = env_int("LONG_POLL_FALLBACK_SECONDS", 2, minimum=1)
 # Claims refused with a token the tenant never issued: audited one by one up to this many
 # per key and window; the rest are counted into one security.refusals_burst event.
 API_AUDITED_REFUSALS_PER_WINDOW = env_int("API_AUDITED_REFUSALS_PER_WINDOW", 20)

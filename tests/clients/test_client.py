@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -296,15 +297,25 @@ def test_a_broken_connection_is_retried_only_where_repeating_is_safe(sleeps: Sle
 
 
 def test_long_poll_mode_asks_with_wait(
-    live_server: Any, runtime: Runtime, reviewer: Any, sleeps: Sleeps
+    live_server: Any, runtime: Runtime, reviewer: Any, sleeps: Sleeps, settings: Any
 ):
-    """The server's ``?wait=`` long-poll is not built yet; a client in long-poll mode asks
-    with it, is answered as by a plain GET, and does not sleep between asks."""
+    """A client in long-poll mode reads once, then asks with ``?wait=`` and that answer's
+    ETag, and does not sleep between asks (under WSGI, as here, the view waits in its
+    thread; tests/clients/test_client_long_poll.py runs 100 waiters under ASGI)."""
+    settings.LONG_POLL_FALLBACK_SECONDS = 0.1
     with ApprovalConsole(live_server.url, runtime.raw_key, sleep=sleeps, long_poll=True) as client:
         occurrence_id = propose_case(client)
-        approve(occurrence_id, reviewer)
-        seen: list[str] = []
-        client._http.event_hooks["request"].append(lambda request: seen.append(str(request.url)))
-        assert client.wait(occurrence_id, timeout=60).status == "approved"
-    assert len(seen) == 1 and "wait=" in seen[0]
+        seen: list[tuple[str, str | None]] = []
+        client._http.event_hooks["request"].append(
+            lambda request: seen.append((str(request.url), request.headers.get("If-None-Match")))
+        )
+        timer = threading.Timer(0.5, approve, args=(occurrence_id, reviewer))
+        timer.start()
+        try:
+            assert client.wait(occurrence_id, timeout=60).status == "approved"
+        finally:
+            timer.join()
+    assert len(seen) == 2, seen
+    assert "wait=" not in seen[0][0] and seen[0][1] is None
+    assert "wait=" in seen[1][0] and seen[1][1]
     assert sleeps.waits == []

@@ -15,11 +15,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.reconciliation.worker_fixture import ROOT, children_of, worker_database_url
@@ -181,3 +183,22 @@ def scrape(
 
 def sample(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def asgi_server(tmp_path: Path, transactional_db: Any) -> Iterator[ServerProcess]:
+    """gunicorn's asgi worker serving config/asgi.py (bin/serve's default), two workers,
+    on the test database; its own rate limit out of the way of tests that wait in crowds."""
+    env = production_env(
+        broker_url="memory://",
+        static_root=tmp_path / "static",
+        GUNICORN_WORKER_CLASS="asgi",
+        WEB_CONCURRENCY=2,
+        API_RATE_LIMIT=1_000_000,
+    )
+    server = gunicorn("asgi", env, tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 API_PREFIX = "/api/v1"
 RETRY_STATUSES = frozenset({429, 503})
-# The longest ``?wait=`` a long-poll asks for (the issue's server-side design: 30 s).
+# The longest ``?wait=`` a long-poll asks for (the server allows up to 60 s by default).
 LONG_POLL_MAX_SECONDS = 30
 
 
@@ -86,6 +86,9 @@ class _Request(Generic[T]):
     params: Mapping[str, str] | None = None
     idempotent: bool = False
     timeout: float | None = None
+    headers: Mapping[str, str] | None = None
+    # 304 Not Modified is an answer (the ETag sent in If-None-Match still holds), not an error.
+    not_modified_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,14 @@ def _occurrence(response: httpx.Response) -> Occurrence:
     return Occurrence.from_json(response.json())
 
 
+def _tagged_occurrence(response: httpx.Response) -> tuple[Occurrence | None, str | None]:
+    """A long-poll's answer: the occurrence (None for 304: unchanged) and its ETag."""
+    etag = response.headers.get("ETag")
+    if response.status_code == 304:
+        return None, etag
+    return Occurrence.from_json(response.json()), etag
+
+
 class _Base:
     """What both clients share: building requests and the retry decision."""
 
@@ -130,10 +141,9 @@ class _Base:
         self._key = key
         self.retry = retry or RetryPolicy()
         self.poll_interval = poll_interval
-        # The server's long-poll (``GET /occurrences/{id}?wait=N``) is designed in issue 8
-        # but not built yet. With ``long_poll=True`` ``wait`` asks with ``?wait=`` and does
-        # not sleep between asks; a server that ignores the parameter answers at once, so
-        # leave it off until the console supports it.
+        # With ``long_poll=True`` ``wait`` asks with ``GET /occurrences/{id}?wait=N`` and the
+        # ETag of the last answer, so the server answers as a decision commits (or after N
+        # seconds, 304) instead of being asked every ``poll_interval``.
         self.long_poll = long_poll
 
     def __repr__(self) -> str:
@@ -175,15 +185,23 @@ class _Base:
         )
 
     @staticmethod
-    def _get(occurrence_id: str, wait: float | None = None) -> _Request[Occurrence]:
-        params = {"wait": str(int(wait))} if wait else None
+    def _get(occurrence_id: str) -> _Request[Occurrence]:
+        return _Request("GET", f"/occurrences/{occurrence_id}", _occurrence, idempotent=True)
+
+    @staticmethod
+    def _tagged_get(
+        occurrence_id: str, etag: str | None, wait: float | None = None
+    ) -> _Request[tuple[Occurrence | None, str | None]]:
+        """A GET that sends the last ETag (304: unchanged) and, to long-poll, ``?wait=``."""
         return _Request(
             "GET",
             f"/occurrences/{occurrence_id}",
-            _occurrence,
-            params=params,
+            _tagged_occurrence,
+            params={"wait": str(int(wait))} if wait else None,
             idempotent=True,
             timeout=(wait + 10.0) if wait else None,
+            headers={"If-None-Match": etag} if etag else None,
+            not_modified_ok=True,
         )
 
     @staticmethod
@@ -314,6 +332,8 @@ class _Base:
             "headers": self._headers(),
             "params": dict(request.params) if request.params else None,
         }
+        if request.headers:
+            kwargs["headers"].update(request.headers)
         if request.send_body:
             kwargs["content"] = json.dumps(request.body, ensure_ascii=False).encode()
             kwargs["headers"]["Content-Type"] = "application/json"
@@ -326,7 +346,7 @@ class _Base:
     ) -> _Success[T] | float:
         """The parsed success, or the seconds to wait before a retry; raises otherwise."""
         _log.debug("%s %s -> %s", request.method, request.path, response.status_code)
-        if response.is_success:
+        if response.is_success or (request.not_modified_ok and response.status_code == 304):
             return _Success(request.parse(response))
         if response.status_code in RETRY_STATUSES and attempt < self.retry.max_retries:
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
@@ -429,12 +449,15 @@ class ApprovalConsole(_Base):
         """Ask until the occurrence leaves ``while_status`` (a review decided); raises
         :class:`~approval_console.errors.WaitTimeout` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
+        etag: str | None = None
         while True:
             remaining = deadline - time.monotonic()
-            long_poll = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
-            occurrence = self._call(self._get(occurrence_id, wait=long_poll))
-            if occurrence.status != while_status:
-                return occurrence
+            # The first ask is a plain read: a long-poll waits for a change from the state
+            # its If-None-Match names, so it needs the ETag of the state seen as pending.
+            wait = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
+            answer, etag = self._call(self._tagged_get(occurrence_id, etag, wait if etag else None))
+            if answer is not None and answer.status != while_status:
+                return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.WaitTimeout(
@@ -588,12 +611,15 @@ class AsyncApprovalConsole(_Base):
         self, occurrence_id: str, *, timeout: float = 900.0, while_status: str = PENDING
     ) -> Occurrence:
         deadline = time.monotonic() + timeout
+        etag: str | None = None
         while True:
             remaining = deadline - time.monotonic()
-            long_poll = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
-            occurrence = await self._call(self._get(occurrence_id, wait=long_poll))
-            if occurrence.status != while_status:
-                return occurrence
+            # The first ask is a plain read (see ApprovalConsole.wait).
+            wait = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
+            request = self._tagged_get(occurrence_id, etag, wait if etag else None)
+            answer, etag = await self._call(request)
+            if answer is not None and answer.status != while_status:
+                return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.WaitTimeout(

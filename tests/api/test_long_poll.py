@@ -1,0 +1,317 @@
+"""``GET /api/v1/occurrences/{id}?wait=N``: the long-poll.
+
+Under ASGI (gunicorn's asgi worker serving config/asgi.py, as bin/serve runs it, against
+the test database) a waiter holds no thread: it is woken by PostgreSQL's NOTIFY from the
+deciding transaction. 500 waiters on one machine are each answered within a second of their
+decision, with two reads each, while the server's threads and database connections stay
+few. Under WSGI (Django's test client here) the view waits in its thread, reading at
+intervals: the same answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection, connections
+from django.db.models import Sum
+
+from approvals import services
+from approvals.models import Occurrence, RuntimeKeyUsage
+from tests.clients.conftest import run_async
+from tests.conftest import Runtime, approve, make_runtime
+from tests.serve.servers import ServerProcess, asgi_server, sample, scrape
+
+__all__ = ["asgi_server"]  # a fixture
+
+POSTGRES_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="LISTEN/NOTIFY and the ASGI server need PostgreSQL"
+)
+
+
+def reject(occurrence_id: str, reviewer: Any, reason: str = "Not this one.") -> None:
+    services.occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason=reason
+    )
+
+
+def proposed(runtime: Runtime, ref: str) -> str:
+    response = runtime.propose(client_ref=ref)
+    assert response.status_code == 201, response.content
+    occurrence_id: str = response.json()["occurrence_id"]
+    return occurrence_id
+
+
+# --- WSGI: the view waits in its thread ------------------------------------------------------
+
+
+@pytest.fixture
+def quick_fallback(settings: Any) -> None:
+    settings.LONG_POLL_FALLBACK_SECONDS = 0.05
+
+
+@pytest.mark.usefixtures("quick_fallback")
+def test_unchanged_state_is_answered_when_the_wait_is_over(runtime: Runtime) -> None:
+    occurrence_id = proposed(runtime, "a")
+    first = runtime.get(f"/api/v1/occurrences/{occurrence_id}")
+    started = time.monotonic()
+    waited = runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait=1")
+    assert time.monotonic() - started >= 1.0
+    assert waited.status_code == 200
+    assert waited["ETag"] == first["ETag"]
+    assert waited.json()["status"] == "pending_review"
+    # With the ETag it has, the client gets 304 when the wait ends with nothing new.
+    again = runtime.get(
+        f"/api/v1/occurrences/{occurrence_id}?wait=1", HTTP_IF_NONE_MATCH=first["ETag"]
+    )
+    assert again.status_code == 304
+    assert again["ETag"] == first["ETag"]
+
+
+@pytest.mark.usefixtures("quick_fallback")
+def test_a_stale_if_none_match_is_answered_at_once(runtime: Runtime, reviewer: Any) -> None:
+    occurrence_id = proposed(runtime, "b")
+    before = runtime.get(f"/api/v1/occurrences/{occurrence_id}")["ETag"]
+    reject(occurrence_id, reviewer)
+    started = time.monotonic()
+    answer = runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait=30", HTTP_IF_NONE_MATCH=before)
+    assert time.monotonic() - started < 5
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "rejected"
+    assert answer["ETag"] != before
+
+
+@pytest.mark.parametrize("wait", ["abc", "-1", "61", "1.5"])
+def test_an_invalid_wait_is_a_422_with_the_envelope(runtime: Runtime, wait: str) -> None:
+    occurrence_id = proposed(runtime, "c")
+    response = runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait={wait}")
+    assert response.status_code == 422
+    assert response.json()["error"]["code"]
+
+
+def test_wait_zero_answers_at_once(runtime: Runtime) -> None:
+    occurrence_id = proposed(runtime, "d")
+    response = runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait=0")
+    assert response.status_code == 200
+    assert response.json()["occurrence_id"] == occurrence_id
+
+
+def test_another_tenants_occurrence_is_404_without_waiting(
+    runtime: Runtime, other_runtime: Runtime
+) -> None:
+    occurrence_id = proposed(runtime, "e")
+    started = time.monotonic()
+    response = other_runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait=30")
+    assert time.monotonic() - started < 5
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("quick_fallback")
+def test_wsgi_wait_answers_with_the_decision(tenant: Any, reviewer: Any) -> None:
+    runtime = make_runtime(tenant, "wsgi-waiter")
+    occurrence_id = proposed(runtime, "f")
+    timer = threading.Timer(0.5, approve, args=(occurrence_id, reviewer))
+    timer.start()
+    try:
+        started = time.monotonic()
+        answer = runtime.get(f"/api/v1/occurrences/{occurrence_id}?wait=30")
+    finally:
+        timer.join()
+    assert time.monotonic() - started < 10
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "approved"
+
+
+# --- ASGI: gunicorn's asgi worker, woken by NOTIFY --------------------------------------------
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _database_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def _wait_for_waiters(url: str, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sample(scrape(url), "console_long_poll_waiting") >= count:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{count} long-polls were not all waiting after {timeout} s")
+
+
+@pytest.mark.django_db(transaction=True)
+@POSTGRES_ONLY
+def test_asgi_long_poll_semantics(asgi_server: ServerProcess, tenant: Any, reviewer: Any) -> None:
+    runtime = make_runtime(tenant, "asgi-waiter")
+    headers = {"Authorization": f"Bearer {runtime.raw_key}"}
+    occurrence_id = proposed(runtime, "g")
+    url = f"{asgi_server.url}/api/v1/occurrences/{occurrence_id}"
+    with httpx.Client(headers=headers, timeout=60) as http:
+        first = http.get(url)
+        assert first.status_code == 200, (first.text, asgi_server.output()[-3000:])
+        etag = first.headers["ETag"]
+        # Nothing happens: the unchanged state when the wait is over, 304 with the ETag.
+        started = time.monotonic()
+        unchanged = http.get(url, params={"wait": 1})
+        assert time.monotonic() - started >= 1.0
+        assert unchanged.status_code == 200
+        assert unchanged.headers["ETag"] == etag
+        assert http.get(url, params={"wait": 1}, headers={"If-None-Match": etag}).status_code == 304
+        # Errors are answered at once, in the envelope.
+        assert (
+            http.get(url, params={"wait": 30}, headers={"Authorization": "Bearer no"}).json()[
+                "error"
+            ]["code"]
+            == "unauthenticated"
+        )
+        assert http.get(url, params={"wait": "x"}).status_code == 422
+        # A decision wakes the waiter as its transaction commits.
+        timer = threading.Timer(0.5, reject, args=(occurrence_id, reviewer, "Wrong order."))
+        timer.start()
+        started = time.monotonic()
+        woken = http.get(url, params={"wait": 30}, headers={"If-None-Match": etag})
+        timer.join()
+        assert time.monotonic() - started < 0.5 + 1.0
+        assert woken.status_code == 200
+        assert woken.json()["status"] == "rejected"
+        assert woken.json()["rejection_reason"] == "Wrong order."
+        assert woken.headers["ETag"] != etag
+    assert sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0
+    # Six requests with the key (the proposal, five reads), each counted once by the rate
+    # limit, though the three long-polls read seven times between them.
+    assert sample(scrape(asgi_server.url), "console_long_poll_reads_total") >= 7
+    counted = RuntimeKeyUsage.objects.filter(runtime_key=runtime.key).aggregate(n=Sum("requests"))
+    assert counted["n"] == 6
+
+
+@pytest.mark.django_db(transaction=True)
+@POSTGRES_ONLY
+def test_a_client_that_leaves_stops_waiting(asgi_server: ServerProcess, tenant: Any) -> None:
+    runtime = make_runtime(tenant, "asgi-leaver")
+    occurrence_id = proposed(runtime, "h")
+    url = f"{asgi_server.url}/api/v1/occurrences/{occurrence_id}?wait=60"
+    headers = {"Authorization": f"Bearer {runtime.raw_key}"}
+
+    async def leave() -> None:
+        async with httpx.AsyncClient(headers=headers) as http:
+            task = asyncio.ensure_future(http.get(url, timeout=90))
+            await asyncio.sleep(0.3)
+            task.cancel()
+
+    run_async(leave())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0:
+            break
+        time.sleep(0.1)
+    assert sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0
+
+
+WAITERS = 500
+
+
+def _crowd(url: str, key: str, ids: list[str], results: Any) -> None:
+    """In a forked process: one long-poll per occurrence; puts {id: (time, status, state)}."""
+    answered: dict[str, tuple[float, int, str]] = {}
+
+    async def wait_all() -> None:
+        limits = httpx.Limits(max_connections=len(ids) + 10, max_keepalive_connections=0)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(headers=headers, limits=limits, timeout=120) as http:
+
+            async def one(occurrence_id: str) -> None:
+                try:
+                    response = await http.get(
+                        f"{url}/api/v1/occurrences/{occurrence_id}", params={"wait": 60}
+                    )
+                except httpx.HTTPError as exc:
+                    answered[occurrence_id] = (time.time(), 0, type(exc).__name__)
+                    return
+                ok = response.status_code == 200
+                answered[occurrence_id] = (
+                    time.time(),
+                    response.status_code,
+                    response.json().get("status", "") if ok else response.text[:200],
+                )
+
+            await asyncio.gather(*(one(i) for i in ids))
+
+    asyncio.run(wait_all())
+    results.put(answered)
+
+
+@pytest.mark.django_db(transaction=True)
+@POSTGRES_ONLY
+def test_500_waiters_are_each_woken_within_a_second_of_their_decision(
+    asgi_server: ServerProcess, tenant: Any, reviewer: Any
+) -> None:
+    runtime = make_runtime(tenant, "asgi-crowd")
+    ids = [proposed(runtime, f"crowd-{i}") for i in range(WAITERS)]
+    reads_before = sample(scrape(asgi_server.url), "console_long_poll_reads_total")
+    # The waiters in a process of their own, so that the deciding loop below does not
+    # share a GIL with them: the time each answer arrived is measured where it arrives.
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    connections.close_all()
+    crowd = ctx.Process(target=_crowd, args=(asgi_server.url, runtime.raw_key, ids, results))
+    crowd.start()
+    try:
+        _wait_for_waiters(asgi_server.url, WAITERS)
+        # While 500 wait, no thread and no database connection is held for each of them
+        # (a WSGI server would hold 500 threads): a few per worker (the pool's, the
+        # executors'), at most DB_POOL_MAX connections and one LISTEN per worker.
+        threads = [_threads(pid) for pid in asgi_server.descendants()]
+        assert threads and sum(threads) < WAITERS / 2, threads
+        assert _database_connections() <= 2 * (10 + 1), _database_connections()
+        decided: dict[str, float] = {}
+        for occurrence_id in ids:
+            reject(occurrence_id, reviewer, "Crowd control.")
+            decided[occurrence_id] = time.time()
+        answered: dict[str, tuple[float, int, str]] = results.get(timeout=120)
+    finally:
+        crowd.join(timeout=30)
+        if crowd.is_alive():
+            crowd.kill()
+    assert len(answered) == WAITERS
+    wrong = [i for i in ids if answered[i][1:] != (200, "rejected")]
+    assert not wrong, [answered[i] for i in wrong[:10]]
+    latencies = sorted(answered[i][0] - decided[i] for i in ids)
+    late = [round(x, 3) for x in latencies if x > 1.0]
+    assert not late, (
+        f"{len(late)} of {WAITERS} waiters answered more than 1 s after their decision "
+        f"(p50 {latencies[WAITERS // 2]:.3f} s, p95 {latencies[WAITERS * 95 // 100]:.3f} s): "
+        f"{late[:20]}"
+    )
+    # Two reads per waiter: the first, and the one its decision woke.
+    reads = sample(scrape(asgi_server.url), "console_long_poll_reads_total") - reads_before
+    assert reads <= 2 * WAITERS + 10, reads
+
+
+def test_the_wait_parameter_is_in_the_schema(client: Any) -> None:
+    schema = client.get("/api/v1/openapi.json").json()
+    parameters = schema["paths"]["/api/v1/occurrences/{occurrence_id}"]["get"]["parameters"]
+    wait = next(p for p in parameters if p["name"] == "wait")
+    assert wait["in"] == "query"
+    assert wait["schema"]["maximum"] == 60
+    assert re.search(r"long-poll", wait["schema"].get("description", "") + str(wait), re.I)
