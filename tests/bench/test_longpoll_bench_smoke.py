@@ -32,6 +32,7 @@ def test_longpoll_bench_runs_and_prints_the_ratios(transactional_db: Any) -> Non
     out = result.stdout
     assert re.search(r"^alone\s+100\s", out, re.MULTILINE), out
     assert re.search(r"^crowd\s+100\s", out, re.MULTILINE), out
+    assert re.search(r"^after\s+100\s", out, re.MULTILINE), out
     assert re.search(
         r"^ratio crowd/alone: rate \d+\.\d\d, p50 \d+\.\d\d, p95 \d+\.\d\d$", out, re.M
     )
