@@ -54,16 +54,17 @@ from approvals.models import (
     RuntimeCallback,
     RuntimeKey,
 )
+from approvals.vocabulary import AuditKind
 
 log = structlog.get_logger("approvals.callbacks")
 
 # Audit kinds that are decisions a waiting runtime wants to hear of, and how the
 # callback's body names them.
-EVENTS = {
-    "approval.issued": "approved",
-    "occurrence.rejected": "rejected",
-    "approval.expired": "expired",
-    "proposal.edited": "edited",
+EVENTS: dict[str, str] = {
+    AuditKind.APPROVAL_ISSUED: "approved",
+    AuditKind.OCCURRENCE_REJECTED: "rejected",
+    AuditKind.APPROVAL_EXPIRED: "expired",
+    AuditKind.PROPOSAL_EDITED: "edited",
 }
 LEASE = timedelta(seconds=60)
 SIGNATURE_HEADER = "X-Console-Signature"
@@ -167,7 +168,7 @@ def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False
         from approvals.services import audit_record
 
         audit_record(
-            kind="callback.registered",
+            kind=AuditKind.CALLBACK_REGISTERED,
             tenant=runtime_key.tenant_id,
             actor=runtime_key.actor,
             data={"url": url, "secret_rotated": bool(secret)},
@@ -184,7 +185,9 @@ def callback_remove(*, runtime_key: RuntimeKey) -> bool:
             from approvals.services import audit_record
 
             audit_record(
-                kind="callback.removed", tenant=runtime_key.tenant_id, actor=runtime_key.actor
+                kind=AuditKind.CALLBACK_REMOVED,
+                tenant=runtime_key.tenant_id,
+                actor=runtime_key.actor,
             )
     return bool(changed)
 

@@ -38,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from approvals.models import EFFECT_NOT_SENT, AuditEvent, Command, Occurrence
+from approvals.vocabulary import AuditKind
 
 if TYPE_CHECKING:
     from approvals.services import ClaimResult
@@ -107,7 +108,10 @@ def dispatch_started(command: Command, number: int, started_at: datetime) -> Non
 
 # --- the review decision, from its audit event -------------------------------------------
 
-_DECISIONS = {"approval.issued": "approved", "occurrence.rejected": "rejected"}
+_DECISIONS: dict[str, str] = {
+    AuditKind.APPROVAL_ISSUED: "approved",
+    AuditKind.OCCURRENCE_REJECTED: "rejected",
+}
 
 
 def _observe_decision(occurrence_id: Any, decision: str) -> None:

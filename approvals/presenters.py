@@ -53,7 +53,7 @@ from approvals.selectors import (
     approval_state,
     effective_approval_state,
 )
-from approvals.vocabulary import ClaimDecision
+from approvals.vocabulary import AuditKind, ClaimDecision
 
 PANEL_POLL_SECONDS = 2
 INBOX_POLL_SECONDS = 5
@@ -503,25 +503,25 @@ def history_row(event: AuditEvent) -> HistoryRow:
     flag = flag_label = outcome = ""
     if decision in SECURITY_DECISIONS:
         flag = "security"
-        if event.kind == "approval.revoked":
+        if event.kind == AuditKind.APPROVAL_REVOKED:
             flag_label, outcome = "Approval revoked", "An admin revoked the approval."
         else:
             flag_label, outcome = SECURITY_DECISIONS[decision], OUTCOME_TEXT[decision]
     elif decision == ClaimDecision.DUPLICATE_DELIVERY:
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = OUTCOME_TEXT[decision]
-    elif event.kind == "dispatch.redelivered":
+    elif event.kind == AuditKind.DISPATCH_REDELIVERED:
         flag, flag_label = "redelivery", "Redelivery · healthy"
         outcome = (
             "The queue delivered the command again; its effect was settled, so nothing was called."
         )
-    elif event.kind == "token.redelivered":
+    elif event.kind == AuditKind.TOKEN_REDELIVERED:
         flag, flag_label = "redelivery", "Re-delivery · same execution"
         outcome = (
             "The execution the token was delivered to asked again before claiming (it lost "
             "the token); it got a fresh one and the earlier token can no longer be claimed."
         )
-    elif event.kind == "effect.report_refused":
+    elif event.kind == AuditKind.EFFECT_REPORT_REFUSED:
         flag, flag_label = "security", "Report refused"
         outcome = "An execution that does not hold this command tried to report its effect."
     # Inline blocks, so a narrow column breaks a kind only after its dots (a <wbr> would
@@ -760,7 +760,7 @@ def effect_view(command: Command, evidence: EffectEvidence | None) -> EffectView
     if (
         state == Command.State.PENDING
         and latest is not None
-        and latest.kind == ("effect.retry_scheduled")
+        and latest.kind == AuditKind.EFFECT_RETRY_SCHEDULED
     ):
         headline = (
             f"Refused before execution; the console calls again in "

@@ -42,8 +42,9 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from approvals.models import RuntimeKey, RuntimeKeyUsage
+from approvals.vocabulary import AuditKind
 
-BURST_EVENT = "security.refusals_burst"
+BURST_EVENT = AuditKind.SECURITY_REFUSALS_BURST
 
 
 def now() -> float:

@@ -22,6 +22,7 @@ from django.views.decorators.debug import sensitive_variables
 from approvals import services, tokens
 from approvals.canonical import InputError
 from approvals.models import Membership, ReviewerToken, Tenant
+from approvals.vocabulary import AuditKind
 
 LIFETIME_DAYS = (7, 30, 90)
 # last_used_at is written at most once a minute per token, like a runtime key's.
@@ -57,7 +58,7 @@ def reviewer_token_issue(
                 expires_at=now + timedelta(days=lifetime_days),
             )
             services.audit_record(
-                kind="reviewer_token.created",
+                kind=AuditKind.REVIEWER_TOKEN_CREATED,
                 tenant=tenant,
                 actor=str(user.get_username()),
                 data={
@@ -95,7 +96,7 @@ def reviewer_token_revoke(
         )
         if changed:
             services.audit_record(
-                kind="reviewer_token.revoked",
+                kind=AuditKind.REVIEWER_TOKEN_REVOKED,
                 tenant=token.tenant_id,
                 actor=str(user.get_username()),
                 data={"name": token.name, "prefix": token.prefix, "owner": _owner(token)},

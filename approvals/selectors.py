@@ -44,7 +44,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.vocabulary import ClaimDecision
+from approvals.vocabulary import AuditKind, ClaimDecision
 
 
 def parse_uuid(value: str) -> uuid.UUID | None:
@@ -131,7 +131,9 @@ def prior_rejections(
         )
         .annotate(
             decided_by=Subquery(
-                AuditEvent.objects.filter(occurrence_id=OuterRef("pk"), kind="occurrence.rejected")
+                AuditEvent.objects.filter(
+                    occurrence_id=OuterRef("pk"), kind=AuditKind.OCCURRENCE_REJECTED
+                )
                 .order_by("-id")
                 .values("actor")[:1]
             )
@@ -852,7 +854,7 @@ def occurrence_history(occurrence: Occurrence, limit: int = HISTORY_LIMIT) -> li
 def rejected_by(occurrence: Occurrence) -> str:
     """Who rejected the occurrence, from its last rejection event."""
     actor: str | None = (
-        AuditEvent.objects.filter(occurrence=occurrence, kind="occurrence.rejected")
+        AuditEvent.objects.filter(occurrence=occurrence, kind=AuditKind.OCCURRENCE_REJECTED)
         .order_by("-id")
         .values_list("actor", flat=True)
         .first()
@@ -888,7 +890,9 @@ def claim_tally(occurrence: Occurrence) -> ClaimTally:
     Approved and redelivered claims are grouped by execution too: there are at most as
     many of those executions as the occurrence has approvals. Refusals are not, since a
     runtime can present a token under any number of execution ids."""
-    claims = AuditEvent.objects.filter(occurrence=occurrence, kind__startswith="claim.").order_by()
+    claims = AuditEvent.objects.filter(
+        occurrence=occurrence, kind__startswith=vocabulary.CLAIM_PREFIX
+    ).order_by()
     groups = (
         claims.values(
             "decision",
@@ -1031,15 +1035,13 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
 # The audit kinds that tell what happened to a command after its claim. They are written
 # by ``reconciliation`` (which this app never imports); the review page reads them back.
 EFFECT_KINDS = (
-    "effect.sending",
-    "effect.committed",
-    "effect.rejected",
-    "effect.outcome_unknown",
-    "effect.retry_scheduled",
-    "effect.reconciled",
-    "effect.compensated",
-    "recovery.interrupted",
-    "epoch.admitted",
+    AuditKind.EFFECT_SENDING,
+    AuditKind.EFFECT_COMMITTED,
+    AuditKind.EFFECT_REJECTED,
+    AuditKind.EFFECT_OUTCOME_UNKNOWN,
+    AuditKind.EFFECT_RETRY_SCHEDULED,
+    AuditKind.RECOVERY_INTERRUPTED,
+    AuditKind.EPOCH_ADMITTED,
 )
 
 
@@ -1061,18 +1063,20 @@ def effect_evidence(occurrence: Occurrence, command: Command) -> EffectEvidence:
             occurrence=occurrence, command_id=command.pk, kind__in=EFFECT_KINDS
         ).order_by("-id")[:20]
     )
-    latest = next((e for e in events if e.kind.startswith("effect.")), None)
+    latest = next((e for e in events if e.kind.startswith(vocabulary.EFFECT_PREFIX)), None)
     interruption = None
     for event in events:
-        if event.kind == "epoch.admitted":
+        if event.kind == AuditKind.EPOCH_ADMITTED:
             break
-        if event.kind == "recovery.interrupted":
+        if event.kind == AuditKind.RECOVERY_INTERRUPTED:
             interruption = event
             break
     invocations = max(
         (e.data.get("invocation", 0) for e in events if isinstance(e.data, dict)), default=0
     )
-    epoch = max((e.data.get("epoch", 1) for e in events if e.kind == "epoch.admitted"), default=1)
+    epoch = max(
+        (e.data.get("epoch", 1) for e in events if e.kind == AuditKind.EPOCH_ADMITTED), default=1
+    )
     return EffectEvidence(latest, interruption, int(invocations or 0), int(epoch))
 
 
@@ -1108,7 +1112,9 @@ def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> Revi
     total = max(annotated.history_total or 0, len(history))
     rejector = ""
     if decision.state == PanelState.REJECTED:
-        rejector = next((e.actor for e in reversed(history) if e.kind == "occurrence.rejected"), "")
+        rejector = next(
+            (e.actor for e in reversed(history) if e.kind == AuditKind.OCCURRENCE_REJECTED), ""
+        )
         if not rejector and total > len(history):
             rejector = rejected_by(occurrence)
     return ReviewSnapshot(

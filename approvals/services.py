@@ -38,7 +38,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.vocabulary import ClaimDecision, ClaimReason
+from approvals.vocabulary import AuditKind, ClaimDecision, ClaimReason
 
 log = structlog.get_logger("approvals")
 _stdlib_log = logging.getLogger("approvals")
@@ -464,7 +464,7 @@ def runtime_key_issue(*, tenant: Tenant, name: str, admin: User) -> tuple[Runtim
         with transaction.atomic():
             key, raw = runtime_key_create(tenant=tenant, name=name)
             audit_record(
-                kind="runtime_key.created",
+                kind=AuditKind.RUNTIME_KEY_CREATED,
                 tenant=tenant,
                 actor=_username(admin),
                 data={"key_id": key.pk, "name": key.name, "prefix": key.prefix},
@@ -486,7 +486,7 @@ def runtime_key_deactivate(*, key: RuntimeKey, admin: User) -> bool:
         transaction.on_commit(functools.partial(keycache.forget, key.pk))
         if changed:
             audit_record(
-                kind="runtime_key.deactivated",
+                kind=AuditKind.RUNTIME_KEY_DEACTIVATED,
                 tenant=key.tenant_id,
                 actor=_username(admin),
                 decision="deactivated",
@@ -565,7 +565,7 @@ def occurrence_propose(
                 action_digest=action.digest,
             )
             audit_record(
-                kind="occurrence.proposed",
+                kind=AuditKind.OCCURRENCE_PROPOSED,
                 tenant=tenant,
                 occurrence=occurrence,
                 actor=f"runtime:{runtime_key.name}",
@@ -573,7 +573,7 @@ def occurrence_propose(
             )
             if auto:
                 audit_record(
-                    kind="occurrence.auto_admitted",
+                    kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
                     tenant=tenant,
                     occurrence=occurrence,
                     actor="policy",
@@ -607,7 +607,7 @@ def _reject_repeat(occurrence: Occurrence, repeat_of: selectors.PriorDecision) -
     )
     occurrence.refresh_from_db()
     audit_record(
-        kind="occurrence.rejected",
+        kind=AuditKind.OCCURRENCE_REJECTED,
         tenant=occurrence.tenant_id,
         occurrence=occurrence,
         actor="policy",
@@ -729,7 +729,7 @@ def occurrence_approve(
         votes = proposal.votes.count()
         if created:
             audit_record(
-                kind="approval.vote_recorded",
+                kind=AuditKind.APPROVAL_VOTE_RECORDED,
                 tenant=occ.tenant_id,
                 occurrence=occ,
                 actor=username,
@@ -759,7 +759,7 @@ def occurrence_approve(
             status=Occurrence.Status.APPROVED, decided_at=issued_at, updated_at=issued_at
         )
         audit_record(
-            kind="approval.issued",
+            kind=AuditKind.APPROVAL_ISSUED,
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=username,
@@ -794,7 +794,7 @@ def occurrence_reject(
             updated_at=now,
         )
         audit_record(
-            kind="occurrence.rejected",
+            kind=AuditKind.OCCURRENCE_REJECTED,
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=_username(reviewer),
@@ -842,7 +842,7 @@ def proposal_edit(
             status=Occurrence.Status.PENDING_REVIEW, decided_at=None, updated_at=now
         )
         audit_record(
-            kind="proposal.edited",
+            kind=AuditKind.PROPOSAL_EDITED,
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=_username(editor),
@@ -941,7 +941,7 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
         if written_down:
             # What the sweep would have written: the same event, before the renewal.
             audit_record(
-                kind="approval.expired",
+                kind=AuditKind.APPROVAL_EXPIRED,
                 tenant=occ.tenant_id,
                 occurrence=occ,
                 actor="clock",
@@ -965,7 +965,7 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
             status=Occurrence.Status.PENDING_REVIEW, decided_at=None, updated_at=now
         )
         audit_record(
-            kind="occurrence.renewed",
+            kind=AuditKind.OCCURRENCE_RENEWED,
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=actor,
@@ -1119,7 +1119,7 @@ def approval_deliver_token(
         if not delivered:
             _refuse_delivery(approval.pk, execution_id)
         audit_record(
-            kind="token.redelivered" if previous is not None else "token.delivered",
+            kind=AuditKind.TOKEN_REDELIVERED if previous is not None else AuditKind.TOKEN_DELIVERED,
             tenant=approval.tenant_id,
             occurrence=approval.occurrence_id,
             actor=_runtime_actor(runtime_key),
@@ -1293,7 +1293,7 @@ def approval_claim(
             pk=consumed.occurrence_id, status=Occurrence.Status.APPROVED
         ).update(status=Occurrence.Status.CLAIMED, updated_at=DbNow())
         audit_record(
-            kind="claim.approved",
+            kind=AuditKind.CLAIM_APPROVED,
             tenant=tenant,
             occurrence=consumed.occurrence_id,
             actor=_runtime_actor(runtime_key),
@@ -1405,7 +1405,7 @@ def _claim_refused(
     if retired is not None:
         occurrence_id, fingerprint = retired.approval.occurrence_id, retired.fingerprint
     audit_record(
-        kind=f"claim.{decision}",
+        kind=AuditKind.for_claim(decision),
         tenant=tenant,
         occurrence=occurrence_id,
         actor=_runtime_actor(runtime_key),
@@ -1483,7 +1483,7 @@ def approvals_revoke_ids(
         ).update(status=Occurrence.Status.REVOKED, updated_at=DbNow())
         for target in targets:
             audit_record(
-                kind="approval.revoked",
+                kind=AuditKind.APPROVAL_REVOKED,
                 tenant=target["tenant_id"],
                 occurrence=target["occurrence_id"],
                 actor=actor,
@@ -1628,7 +1628,7 @@ def approvals_expire() -> int:
         ).update(status=Occurrence.Status.EXPIRED, updated_at=DbNow())
         for target in targets:
             audit_record(
-                kind="approval.expired",
+                kind=AuditKind.APPROVAL_EXPIRED,
                 tenant=target["tenant_id"],
                 occurrence=target["occurrence_id"],
                 actor="clock",

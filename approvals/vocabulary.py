@@ -1,4 +1,5 @@
-"""The console's words for what happens to a claim, typed once.
+"""The console's words for what happens to a claim, and the kinds of its audit events,
+typed once.
 
 Services decide with these, the API's schemas list them, presenters and the operators'
 pages name them, and tests compare with them. Each is a ``TextChoices``: its members are
@@ -61,6 +62,88 @@ class ClaimReason(models.TextChoices):
     REVOKED_BY_ADMIN = "revoked_by_admin", "An admin revoked it"
     EXPIRED = "expired", "Expired"
     NO_SUCH_TOKEN = "no_such_token", "No such token"
+
+
+class AuditKind(models.TextChoices):
+    """What an audit event records: every ``AuditEvent.kind`` the console itself writes.
+
+    Members are the stored strings, ``<subject>.<what happened>``; rows and the audit
+    chain's hashes hold them, so a value never changes (add a member instead). Events that
+    ``reconciliation`` writes are here too: it imports this app, never the reverse, and the
+    review page reads them back. Other producers' ingested events keep their own kinds
+    (``POST /api/v1/audit/events``), which need not be members. A kind built from another
+    word goes through ``for_claim``, ``for_effect`` or ``for_operator``, which refuse a
+    word that names no member."""
+
+    # Runtime keys, reviewer tokens and callbacks: who may talk to the console.
+    RUNTIME_KEY_CREATED = "runtime_key.created", "Runtime key created"
+    RUNTIME_KEY_DEACTIVATED = "runtime_key.deactivated", "Runtime key deactivated"
+    REVIEWER_TOKEN_CREATED = "reviewer_token.created", "Reviewer token created"
+    REVIEWER_TOKEN_REVOKED = "reviewer_token.revoked", "Reviewer token revoked"
+    CALLBACK_REGISTERED = "callback.registered", "Callback registered"
+    CALLBACK_REMOVED = "callback.removed", "Callback removed"
+    # A proposal and its review.
+    OCCURRENCE_PROPOSED = "occurrence.proposed", "Proposed"
+    OCCURRENCE_AUTO_ADMITTED = "occurrence.auto_admitted", "Admitted by policy"
+    OCCURRENCE_REJECTED = "occurrence.rejected", "Rejected"
+    OCCURRENCE_RENEWED = "occurrence.renewed", "Renewed after expiry"
+    PROPOSAL_EDITED = "proposal.edited", "Proposal edited"
+    APPROVAL_VOTE_RECORDED = "approval.vote_recorded", "Approval vote recorded"
+    APPROVAL_ISSUED = "approval.issued", "Approved"
+    APPROVAL_EXPIRED = "approval.expired", "Approval expired"
+    APPROVAL_REVOKED = "approval.revoked", "Approval revoked"
+    TOKEN_DELIVERED = "token.delivered", "Token delivered"
+    TOKEN_REDELIVERED = "token.redelivered", "Token delivered again"
+    # A claim, one kind per ``ClaimDecision`` (``for_claim``).
+    CLAIM_APPROVED = "claim.approved", "Claim approved"
+    CLAIM_DUPLICATE_DELIVERY = "claim.duplicate_delivery", "Claim redelivered"
+    CLAIM_REPLAYED = "claim.replayed", "Claim replayed"
+    CLAIM_SCOPE_MISMATCH = "claim.scope_mismatch", "Claim out of scope"
+    CLAIM_EXPIRED = "claim.expired", "Claim after expiry"
+    CLAIM_REVOKED = "claim.revoked", "Claim after revocation"
+    CLAIM_UNKNOWN_TOKEN = "claim.unknown_token", "Claim with an unknown token"
+    SECURITY_REFUSALS_BURST = "security.refusals_burst", "Burst of refused claims"
+    # The command's effect (``reconciliation``); settled states through ``for_effect``.
+    EFFECT_SENDING = "effect.sending", "Effect sending"
+    EFFECT_COMMITTED = "effect.committed", "Effect committed"
+    EFFECT_REJECTED = "effect.rejected", "Effect rejected"
+    EFFECT_OUTCOME_UNKNOWN = "effect.outcome_unknown", "Effect outcome unknown"
+    EFFECT_RETRY_SCHEDULED = "effect.retry_scheduled", "Effect retry scheduled"
+    EFFECT_LATE_RESULT = "effect.late_result", "Late adapter result"
+    EFFECT_REPORT_REFUSED = "effect.report_refused", "Effect report refused"
+    DISPATCH_REDELIVERED = "dispatch.redelivered", "Command redelivered by the queue"
+    RECOVERY_INTERRUPTED = "recovery.interrupted", "Interrupted by a challenge"
+    CREDENTIALS_REFRESHED = "credentials.refreshed", "Credentials refreshed"
+    EPOCH_ADMITTED = "epoch.admitted", "New epoch admitted"
+    EPOCH_WAITING = "epoch.waiting", "New epoch waiting"
+    # Operators' decisions, one kind per ``OperatorDecision.Action`` (``for_operator``).
+    OPERATOR_QUERY_EFFECT = "operator.query_effect", "Operator queried the effect"
+    OPERATOR_RECONCILE = "operator.reconcile", "Operator reconciled"
+    OPERATOR_ACCEPT_AMBIGUITY = "operator.accept_ambiguity", "Operator accepted the ambiguity"
+    OPERATOR_RETRY = "operator.retry", "Operator retried"
+    OPERATOR_COMPENSATE = "operator.compensate", "Operator compensated"
+    OPERATIONS_ESCALATED = "operations.escalated", "Escalated to operations"
+
+    @classmethod
+    def for_claim(cls, decision: str) -> AuditKind:
+        """The kind of a claim answered ``decision`` (a ``ClaimDecision``)."""
+        return cls(f"{CLAIM_PREFIX}{ClaimDecision(decision)}")
+
+    @classmethod
+    def for_effect(cls, state: str) -> AuditKind:
+        """The kind of the effect's move to ``state`` (a ``Command.State``)."""
+        return cls(f"{EFFECT_PREFIX}{state}")
+
+    @classmethod
+    def for_operator(cls, action: str) -> AuditKind:
+        """The kind of an operator's ``action`` (an ``OperatorDecision.Action``)."""
+        return cls(f"{OPERATOR_PREFIX}{action}")
+
+
+# The families that are matched by prefix (``kind__startswith``, ``kind.startswith``).
+CLAIM_PREFIX = "claim."
+EFFECT_PREFIX = "effect."
+OPERATOR_PREFIX = "operator."
 
 
 def literal_values(literal: object) -> tuple[str, ...]:

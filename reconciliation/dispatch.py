@@ -27,6 +27,7 @@ from django.db.models import Max
 from approvals import metrics
 from approvals.models import Command, Epoch, ToolContract
 from approvals.services import audit_record, db_now
+from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.adapters.base import (
     Call,
@@ -110,7 +111,7 @@ def current_epoch(command: Command) -> Epoch:
     ).first() or (command.epoch)
 
 
-def _audit(command: Command, kind: str, *, message_id: str = "", **fields: Any) -> None:
+def _audit(command: Command, kind: AuditKind, *, message_id: str = "", **fields: Any) -> None:
     data = fields.pop("data", {})
     audit_record(
         kind=kind,
@@ -162,7 +163,7 @@ def _start(
         assert moved == 1, "the row lock guarantees the state read under it"
         _audit(
             command,
-            "effect.sending",
+            AuditKind.EFFECT_SENDING,
             message_id=message_id,
             execution_id=epoch.execution_id,
             decision=State.SENDING,
@@ -257,7 +258,7 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
         # Past sending: this is a redelivery of a message whose work is done.
         _audit(
             command,
-            "dispatch.redelivered",
+            AuditKind.DISPATCH_REDELIVERED,
             message_id=message_id,
             decision="ignored",
             reason_code=f"already_{command.state}",
@@ -290,7 +291,7 @@ def _settle(
         event_data["receipt"] = receipt
     _audit(
         command,
-        f"effect.{state}",
+        AuditKind.for_effect(state),
         message_id=message_id,
         execution_id=current_epoch(command).execution_id,
         decision=state,
@@ -334,7 +335,7 @@ def record(plan: Plan, result: Any) -> Plan:
             )
             _audit(
                 command,
-                "effect.late_result",
+                AuditKind.EFFECT_LATE_RESULT,
                 message_id=invocation.message_id,
                 reason_code=_outcome_of(result),
                 data={"invocation": invocation.number, "result": _describe(result)},
@@ -405,7 +406,7 @@ def record(plan: Plan, result: Any) -> Plan:
             )
             _audit(
                 command,
-                "recovery.interrupted",
+                AuditKind.RECOVERY_INTERRUPTED,
                 message_id=invocation.message_id,
                 execution_id=epoch.execution_id,
                 decision="interrupted",
@@ -430,7 +431,7 @@ def record(plan: Plan, result: Any) -> Plan:
                 )
                 _audit(
                     command,
-                    "effect.retry_scheduled",
+                    AuditKind.EFFECT_RETRY_SCHEDULED,
                     message_id=invocation.message_id,
                     execution_id=epoch.execution_id,
                     decision=State.PENDING,

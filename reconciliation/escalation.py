@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.services import audit_record
+from approvals.vocabulary import AuditKind
 from reconciliation import credentials
 from reconciliation.adapters.base import http_client
 from reconciliation.adapters.webhook import SIGNATURE_HEADER, sign
@@ -117,7 +118,7 @@ def escalations_run() -> int:
             ok, detail = _deliver(policy, escalation, body)
             Escalation.objects.filter(pk=escalation.pk).update(delivered=ok, detail=detail)
             audit_record(
-                kind="operations.escalated",
+                kind=AuditKind.OPERATIONS_ESCALATED,
                 tenant=policy.tenant_id,
                 occurrence=item.occurrence.pk,
                 actor="escalation",

@@ -46,7 +46,7 @@ from approvals.models import (
 )
 from approvals.presenters import MoneyLine, money_lines, reveal_html
 from approvals.selectors import effective_approval_state, parse_uuid
-from approvals.vocabulary import ClaimDecision
+from approvals.vocabulary import AuditKind, ClaimDecision
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 # --- who may investigate ------------------------------------------------------------------
@@ -120,8 +120,8 @@ REPLAYED = ClaimDecision.REPLAYED
 REFUSALS = vocabulary.REFUSING
 # Kinds other producers use for a claim decision (the background article's among them).
 _CLAIM_KINDS = ("approval_decision", "approval_claimed")
-REDELIVERED_KIND = "dispatch.redelivered"
-COMMITTED_KIND = "effect.committed"
+REDELIVERED_KIND = AuditKind.DISPATCH_REDELIVERED
+COMMITTED_KIND = AuditKind.EFFECT_COMMITTED
 # Invocation kinds whose receipt names an effect under the command's key (a compensation's
 # receipt names the reversal, another thing).
 _EFFECT_INVOCATION_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
@@ -991,7 +991,7 @@ def investigation_get(
 
 def event_fact(event: AuditEvent) -> EventFact:
     data = event.data if isinstance(event.data, dict) else {}
-    receipt = data.get("receipt") if event.kind.startswith("effect.") else None
+    receipt = data.get("receipt") if event.kind.startswith(vocabulary.EFFECT_PREFIX) else None
     return EventFact(
         pk=event.pk,
         event_id=str(event.event_id),
@@ -1103,7 +1103,7 @@ def _event_flag(event: AuditEvent, deliveries: int) -> str:
         return "redelivery"
     if event.decision == APPROVED:
         return "approved"
-    if event.kind.startswith("effect."):
+    if event.kind.startswith(vocabulary.EFFECT_PREFIX):
         return "effect"
     return ""
 

@@ -16,6 +16,7 @@ from django.db import transaction
 
 from approvals.models import Command, Epoch, Occurrence
 from approvals.services import ServiceError, audit_record, db_now
+from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, invocation_open
@@ -111,7 +112,7 @@ def _record(
         state_after=state_after,
     )
     audit_record(
-        kind=f"operator.{action}",
+        kind=AuditKind.for_operator(action),
         tenant=command.tenant_id,
         occurrence=command.occurrence_id,
         actor=operator,

@@ -10,6 +10,7 @@ from typing import Any
 from approvals.models import Approval, Command, Epoch
 from approvals.presenters import MoneyLine, age, money_lines
 from approvals.selectors import approval_state
+from approvals.vocabulary import OPERATOR_PREFIX
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
 from reconciliation.operations import ALLOWED_FROM
@@ -253,7 +254,7 @@ def timeline_rows(timeline: Timeline) -> list[dict[str, Any]]:
         flag = ""
         if event.decision in ("replayed", "scope_mismatch", "unknown_token", "refused"):
             flag = "security"
-        elif event.kind.startswith("operator."):
+        elif event.kind.startswith(OPERATOR_PREFIX):
             flag = "decision"
         rows.append(
             {

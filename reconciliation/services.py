@@ -17,6 +17,7 @@ from django.db import transaction
 
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
 from approvals.services import ServiceError, audit_record, db_now
+from approvals.vocabulary import AuditKind
 from reconciliation import credentials
 from reconciliation.dispatch import current_epoch
 from reconciliation.models import (
@@ -90,7 +91,7 @@ def command_report_effect(
             # Recorded and committed: a report from the wrong execution is a security
             # event (a stolen command id, or a confused runtime).
             audit_record(
-                kind="effect.report_refused",
+                kind=AuditKind.EFFECT_REPORT_REFUSED,
                 tenant=tenant,
                 occurrence=command.occurrence_id,
                 actor=actor,
@@ -131,7 +132,7 @@ def command_report_effect(
         )
         assert moved == 1, "the row lock guarantees the state read under it"
         audit_record(
-            kind=f"effect.{target}",
+            kind=AuditKind.for_effect(target),
             tenant=tenant,
             occurrence=command.occurrence_id,
             actor=actor,
@@ -150,7 +151,7 @@ def command_report_effect(
                 detail=detail,
             )
             audit_record(
-                kind="recovery.interrupted",
+                kind=AuditKind.RECOVERY_INTERRUPTED,
                 tenant=tenant,
                 occurrence=command.occurrence_id,
                 actor=actor,
@@ -314,7 +315,7 @@ def epoch_admit(
             resolved_at=now
         )
         audit_record(
-            kind="epoch.admitted",
+            kind=AuditKind.EPOCH_ADMITTED,
             tenant=command.tenant_id,
             occurrence=command.occurrence_id,
             actor=decided_by,
@@ -374,7 +375,7 @@ def credential_replace(*, tenant: Tenant, adapter: str, secret: str, actor: str)
             defaults={"secret_encrypted": credentials.encrypt(secret), "updated_by": actor},
         )
         audit_record(
-            kind="credentials.refreshed",
+            kind=AuditKind.CREDENTIALS_REFRESHED,
             tenant=tenant,
             actor=actor,
             decision="authority_restored",
@@ -404,7 +405,7 @@ def credential_replace(*, tenant: Tenant, adapter: str, secret: str, actor: str)
             )
         except ServiceError as refusal:
             audit_record(
-                kind="epoch.waiting",
+                kind=AuditKind.EPOCH_WAITING,
                 tenant=tenant,
                 occurrence=interruption.command.occurrence_id,
                 actor="policy",
