@@ -477,9 +477,20 @@ class Occurrence(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["tenant", "status", "-created_at"]),
-            # The inbox filtered by tool: its count and its pages, without a join.
-            models.Index(fields=["tenant", "tool", "status", "-created_at"]),
+            # The inbox: its pages in order (id breaks ties) and, with updated_at included,
+            # its count and newest change from the index alone (an index-only scan reads
+            # no table rows however long the list is).
+            models.Index(
+                fields=["tenant", "status", "-created_at", "-id"],
+                include=["updated_at"],
+                name="occurrence_inbox",
+            ),
+            # The inbox filtered by tool: the same, by tool id, without a join.
+            models.Index(
+                fields=["tenant", "tool", "status", "-created_at", "-id"],
+                include=["updated_at"],
+                name="occurrence_inbox_tool",
+            ),
             # A run's earlier decisions (prior rejections of a repeated action).
             models.Index(fields=["tenant", "run_id", "status"], name="occurrence_run_status"),
         ]

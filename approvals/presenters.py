@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
@@ -43,10 +43,13 @@ from approvals.models import (
 )
 from approvals.selectors import (
     DELIVERED,
+    HISTORY_PAGE,
     ClaimTally,
     DecisionView,
     EffectEvidence,
     Freshness,
+    HistoryCursor,
+    HistoryWindow,
     InboxFreshness,
     PanelState,
     ReviewSnapshot,
@@ -96,6 +99,10 @@ def reveal(text: str, look_alike: Collection[str] = ()) -> Revealed:
     In JSON, every non-ASCII character sits inside a string, where ``\\uXXXX`` denotes the
     same character: the revealed text still parses to the exact digested value.
     """
+    if not look_alike and text.isascii() and text.isprintable():
+        # Printable ASCII hides nothing (no control, format or odd space character): the
+        # common case, most of an audit history's ids and names, without the loop below.
+        return Revealed(escape(text), 0)
     pieces: list[SafeString] = []
     hidden = 0
     run = ""
@@ -836,6 +843,7 @@ class DecisionPanel:
     history_rows: list[HistoryRow]
     history_total: int
     history_caption: str
+    history_links: list[HistoryLink]
     evidence: list[EvidencePart]
     evidence_text: str
     now: datetime
@@ -877,16 +885,62 @@ def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: dat
     )
 
 
-def history_caption(shown: int, total: int) -> str:
-    if total > shown:
+def history_caption(window: HistoryWindow) -> str:
+    shown, total = len(window.events), window.total
+    if total <= shown:
+        return f"{_plural(shown, 'event', 'events')}, oldest first"
+    if not shown:
+        return f"no events here of {total:,}"
+    if window.latest:
         return f"latest {shown:,} of {total:,} events, oldest first"
-    return f"{_plural(shown, 'event', 'events')}, oldest first"
+    first = window.earlier + 1
+    return f"events {first:,} to {first + shown - 1:,} of {total:,}, oldest first"
+
+
+@dataclass(frozen=True)
+class HistoryLink:
+    id: str  # stable across the panel poll's swap of the history, so focus stays on it
+    text: str
+    url: str
+    rel: str = ""
+
+
+def history_links(occurrence_id: Any, window: HistoryWindow) -> list[HistoryLink]:
+    """The history's pager: earlier and later windows by keyset cursor (the ids of the
+    first and last events shown), and the two ends, so that every event can be reached."""
+    events = window.events
+    if window.earlier == 0 and window.later == 0:
+        return []
+    page = reverse("approvals:review", args=[occurrence_id])
+
+    def link(name: str, text: str, cursor: HistoryCursor, rel: str = "") -> HistoryLink:
+        query = urlencode(cursor.query)
+        url = f"{page}?{query}#history" if query else f"{page}#history"
+        return HistoryLink(f"history-{name}", text, url, rel)
+
+    oldest, latest = HistoryCursor(after=0), HistoryCursor()
+    if not events:  # a cursor past either end
+        return [link("oldest", "Oldest events", oldest), link("latest", "Latest events", latest)]
+    size = HISTORY_PAGE
+    links = []
+    if window.earlier > size:
+        links.append(link("oldest", "Oldest events", oldest))
+    if window.earlier:
+        earlier = HistoryCursor(before=events[0].pk)
+        links.append(link("earlier", "← Earlier events", earlier, "prev"))
+    if window.later:
+        later = HistoryCursor(after=events[-1].pk)
+        links.append(link("later", "Later events →", later, "next"))
+    if window.later > size:
+        links.append(link("latest", "Latest events", latest))
+    return links
 
 
 def decision_panel(
     snapshot: ReviewSnapshot, viewer: Viewer, *, shown_digest: str = ""
 ) -> DecisionPanel:
-    occurrence, decision, history = snapshot.occurrence, snapshot.decision, snapshot.history
+    occurrence, decision, window = snapshot.occurrence, snapshot.decision, snapshot.history
+    history = window.events
     now = snapshot.now
     proposal = decision.proposal
     # The digest the page on screen displays: the approve form sends it, never a newer one.
@@ -919,7 +973,10 @@ def decision_panel(
     )
     poll_url = ""
     if not decision.final:
-        query = urlencode({"shown": shown.action_digest, "rendered": rendered})
+        # The poll re-renders the history window the page shows, not the newest.
+        query = urlencode(
+            {"shown": shown.action_digest, "rendered": rendered, **window.cursor.query}
+        )
         poll_url = f"{reverse('approvals:panel', args=[occurrence.pk])}?{query}"
 
     return DecisionPanel(
@@ -949,8 +1006,9 @@ def decision_panel(
         expires_in=expires_in,
         history=history,
         history_rows=history_rows(history),
-        history_total=snapshot.history_total,
-        history_caption=history_caption(len(history), snapshot.history_total),
+        history_total=window.total,
+        history_caption=history_caption(window),
+        history_links=history_links(occurrence.pk, window),
         evidence=evidence,
         evidence_text=evidence_text(evidence),
         now=now,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -728,6 +730,15 @@ def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: i
     return last
 
 
+def inbox_page(
+    occurrences: QuerySet[Occurrence], *, offset: int, limit: int
+) -> QuerySet[Occurrence]:
+    """One page of the inbox's rows. The page's ids are picked first, from the
+    (tenant, status, created_at, id) index alone, and only those rows are read: a deep page
+    skips index entries, not table rows with their joins."""
+    return occurrences.filter(pk__in=occurrences.values("pk")[offset : offset + limit])
+
+
 def _freshness_annotations() -> dict[str, Any]:
     """What tells an open review page that it is out of date, as annotations of its
     occurrence: every decision, delivery, claim, edit and revocation writes an audit
@@ -841,14 +852,93 @@ def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurr
 
 # A page shows the newest events; an occurrence whose token a runtime keeps replaying can
 # have thousands. The audit API (/api/v1/audit/events) serves all of them.
-HISTORY_LIMIT = 200
+HISTORY_PAGE = 50
 
 
-def occurrence_history(occurrence: Occurrence, limit: int = HISTORY_LIMIT) -> list[AuditEvent]:
-    """The newest ``limit`` audit events of the occurrence, oldest first."""
-    newest = list(AuditEvent.objects.filter(occurrence=occurrence).order_by("-id")[:limit])
-    newest.reverse()
-    return newest
+@dataclass(frozen=True)
+class HistoryCursor:
+    """Which window of a history a page shows: the newest (neither set), the window just
+    before event ``before``, or the one just after event ``after`` (``after=0``: the
+    oldest). Event ids are keyset cursors: a window is one range scan of the (occurrence,
+    id) index however far back it lies, never an OFFSET."""
+
+    before: int | None = None
+    after: int | None = None
+
+    @classmethod
+    def parse(cls, before: str | None, after: str | None) -> HistoryCursor:
+        """From a page's query string; anything but a non-negative integer is ignored."""
+
+        def event_id(value: str | None) -> int | None:
+            if value is None or not value.isdigit() or len(value) > 19:
+                return None
+            return int(value)
+
+        before_id, after_id = event_id(before), event_id(after)
+        if before_id is not None:
+            return cls(before=before_id)
+        return cls(after=after_id)
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The cursor as query parameters (none for the newest window)."""
+        if self.before is not None:
+            return {"before": str(self.before)}
+        if self.after is not None:
+            return {"after": str(self.after)}
+        return {}
+
+
+@dataclass(frozen=True)
+class HistoryWindow:
+    """Up to HISTORY_PAGE consecutive events of an occurrence, oldest first, and where
+    they lie in its whole history."""
+
+    events: list[AuditEvent]
+    total: int  # events of the occurrence in all
+    earlier: int  # events older than the first shown
+    cursor: HistoryCursor = HistoryCursor()
+
+    @property
+    def later(self) -> int:
+        """Events newer than the last shown."""
+        return max(self.total - self.earlier - len(self.events), 0)
+
+    @property
+    def latest(self) -> bool:
+        return self.later == 0
+
+
+def occurrence_history(
+    occurrence: Occurrence,
+    cursor: HistoryCursor = HistoryCursor(),
+    *,
+    total: int = 0,
+    size: int = HISTORY_PAGE,
+) -> HistoryWindow:
+    """One window of the occurrence's audit events: one query for the newest window, and
+    at most two for any other (the window, then how many events precede it, which the
+    oldest windows know without asking). ``total`` is the number of events counted with
+    the occurrence (``review_queryset``). Windows do not overlap: the one before the
+    oldest full window holds what is left, however few."""
+    events = AuditEvent.objects.filter(occurrence=occurrence)
+    if cursor.before is None and cursor.after is None:
+        newest = list(events.order_by("-id")[:size])
+        newest.reverse()
+        total = max(total, len(newest))
+        return HistoryWindow(newest, total, total - len(newest))
+    if cursor.before is not None:
+        window = list(events.filter(id__lt=cursor.before).order_by("-id")[:size])
+        window.reverse()
+    else:
+        window = list(events.filter(id__gt=cursor.after).order_by("id")[:size])
+    if cursor.after == 0 or (cursor.before is not None and len(window) < size):
+        earlier = 0  # the window starts at the first event
+    elif window:
+        earlier = events.filter(id__lt=window[0].pk).count()
+    else:
+        earlier = total  # nothing after the cursor: every event is earlier
+    return HistoryWindow(window, max(total, earlier + len(window)), earlier, cursor)
 
 
 def rejected_by(occurrence: Occurrence) -> str:
@@ -937,6 +1027,39 @@ def claim_tally(occurrence: Occurrence) -> ClaimTally:
         replayers=replayers,
         replayer_total=replayer_total,
     )
+
+
+# Counting a long history's claims groups every one of them (thousands for a token a
+# runtime keeps replaying). Audit events are append-only (a trigger refuses UPDATE and
+# DELETE), so the events an occurrence shows only ever grow: their number names them, and
+# a tally counted at that number stays right until it changes. Long histories keep their
+# tally per process under (occurrence, number of events, newest event); the first page
+# after a new event counts again.
+TALLY_CACHE_MIN_EVENTS = 500
+TALLY_CACHE_SIZE = 256
+_tallies: OrderedDict[tuple[uuid.UUID, int, int | None], ClaimTally] = OrderedDict()
+_tallies_lock = threading.Lock()
+
+
+def claim_tally_of_history(
+    occurrence: Occurrence, *, events: int, last_event_id: int | None
+) -> ClaimTally:
+    """``claim_tally``, remembered for a long history while its ``events`` (the number
+    of the occurrence's audit events) and ``last_event_id`` stay what they were."""
+    if events < TALLY_CACHE_MIN_EVENTS:
+        return claim_tally(occurrence)
+    key = (occurrence.pk, events, last_event_id)
+    with _tallies_lock:
+        tally = _tallies.get(key)
+        if tally is not None:
+            _tallies.move_to_end(key)
+            return tally
+    tally = claim_tally(occurrence)
+    with _tallies_lock:
+        _tallies[key] = tally
+        while len(_tallies) > TALLY_CACHE_SIZE:
+            _tallies.popitem(last=False)
+    return tally
 
 
 def tenant_reviewer_names(tenant_id: int) -> list[str]:
@@ -1034,6 +1157,7 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
 
 # The audit kinds that tell what happened to a command after its claim. They are written
 # by ``reconciliation`` (which this app never imports); the review page reads them back.
+# An operator's reconciliation or compensation is an ``operator.*`` event, not one of these.
 EFFECT_KINDS = (
     AuditKind.EFFECT_SENDING,
     AuditKind.EFFECT_COMMITTED,
@@ -1087,9 +1211,8 @@ class ReviewSnapshot:
     occurrence: Occurrence
     decision: DecisionView
     freshness: Freshness
-    # The newest HISTORY_LIMIT events, oldest first, and how many there are in all.
-    history: list[AuditEvent]
-    history_total: int
+    # One window of the history (the newest by default), oldest first, and where it lies.
+    history: HistoryWindow
     rejected_by: str
     # Counted over every claim event, read once the approval is consumed.
     claims: ClaimTally | None
@@ -1100,31 +1223,41 @@ class ReviewSnapshot:
     effect: EffectEvidence | None = None
 
 
-def review_snapshot(occurrence: Occurrence, now: datetime | None = None) -> ReviewSnapshot:
-    """The decision, the newest audit events and, while undecided, who could still
-    approve: a fixed number of queries on top of ``review_queryset``, however long the
-    history."""
+def review_snapshot(
+    occurrence: Occurrence,
+    now: datetime | None = None,
+    *,
+    cursor: HistoryCursor = HistoryCursor(),
+) -> ReviewSnapshot:
+    """The decision, one window of the audit events (the newest unless ``cursor`` names
+    another) and, while undecided, who could still approve: a fixed number of queries on
+    top of ``review_queryset``, however long the history."""
     now = now or timezone.now()
     decision = occurrence_decision(occurrence, now)
     undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
-    history = occurrence_history(occurrence)
     annotated: Any = occurrence
-    total = max(annotated.history_total or 0, len(history))
+    history = occurrence_history(occurrence, cursor, total=annotated.history_total or 0)
     rejector = ""
     if decision.state == PanelState.REJECTED:
-        rejector = next(
-            (e.actor for e in reversed(history) if e.kind == AuditKind.OCCURRENCE_REJECTED), ""
-        )
-        if not rejector and total > len(history):
+        shown = reversed(history.events)
+        rejector = next((e.actor for e in shown if e.kind == AuditKind.OCCURRENCE_REJECTED), "")
+        if not rejector and history.total > len(history.events):
             rejector = rejected_by(occurrence)
     return ReviewSnapshot(
         occurrence=occurrence,
         decision=decision,
         freshness=Freshness.of(occurrence),
         history=history,
-        history_total=total,
         rejected_by=rejector,
-        claims=claim_tally(occurrence) if decision.state == PanelState.CONSUMED else None,
+        claims=(
+            claim_tally_of_history(
+                occurrence,
+                events=annotated.history_total or 0,
+                last_event_id=annotated.fresh_event_id,
+            )
+            if decision.state == PanelState.CONSUMED
+            else None
+        ),
         reviewer_names=tenant_reviewer_names(occurrence.tenant_id) if undecided else [],
         now=now,
         effect=effect_evidence(occurrence, decision.command) if decision.command else None,

@@ -173,12 +173,11 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("page")
     )
     number = page.number
+    offset = (number - 1) * INBOX_PAGE_SIZE
     fresh = selectors.InboxFreshness(
         total=total,
         last_change=last_change,
-        last_event_id=selectors.inbox_last_event(
-            occurrences, offset=(number - 1) * INBOX_PAGE_SIZE, limit=INBOX_PAGE_SIZE
-        ),
+        last_event_id=selectors.inbox_last_event(occurrences, offset=offset, limit=INBOX_PAGE_SIZE),
     )
     rendered = presenters.inbox_stamp(
         fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
@@ -187,7 +186,12 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         return HttpResponse(status=204)
 
     listing = presenters.inbox_list(
-        page.object_list, tool=tool, state=state, page=number, total=total, rendered=rendered
+        selectors.inbox_page(occurrences, offset=offset, limit=INBOX_PAGE_SIZE),
+        tool=tool,
+        state=state,
+        page=number,
+        total=total,
+        rendered=rendered,
     )
     context = {
         **_chrome(request, access),
@@ -226,7 +230,11 @@ def switch_tenant(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _panel(opened: Opened, shown_digest: str = "") -> presenters.DecisionPanel:
-    snapshot = selectors.review_snapshot(opened.occurrence)
+    # The window of the history the page (or its poll) asks for with ?before= or ?after=;
+    # the answer to a decision, posted without either, shows the newest events.
+    query = opened.request.GET
+    cursor = selectors.HistoryCursor.parse(query.get("before"), query.get("after"))
+    snapshot = selectors.review_snapshot(opened.occurrence, cursor=cursor)
     return presenters.decision_panel(snapshot, opened.viewer, shown_digest=shown_digest)
 
 

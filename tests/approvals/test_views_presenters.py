@@ -5,6 +5,7 @@ things as the review page and the inbox show them."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,12 @@ from approvals.presenters import (
     money_lines,
     reveal,
 )
-from approvals.selectors import DELIVERED, EVIDENCE_NAMES, ClaimTally
+from approvals.selectors import (
+    DELIVERED,
+    EVIDENCE_NAMES,
+    TALLY_CACHE_MIN_EVENTS,
+    ClaimTally,
+)
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime
 
@@ -339,12 +345,62 @@ def test_evidence_counts_every_claim_not_just_the_shown_history(
     with django_assert_max_num_queries(len(captured.captured_queries)):
         response = client.get(f"/reviews/{consumed}/")
     page = parse(response)
-    assert _normal(page.text("history")).startswith("History latest 200 of ")
+    assert _normal(page.text("history")).startswith("History latest 50 of ")
     named = ", ".join(["worker-b"] + [f"worker-{n:02d}" for n in range(9)])
     assert _normal(page.text("evidence-summary")) == (
         "Evidence: 1 command · 2 deliveries of execution worker-a · "
         f"301 replays refused ({named} and 21 more)"
     )
+
+
+def _replays(occurrence: Any, executions: range, times: int = 1) -> None:
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            kind="claim.replayed",
+            tenant=occurrence.tenant,
+            occurrence=occurrence,
+            decision="replayed",
+            execution_id=f"worker-{n:04d}",
+            source_time=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        for n in executions
+        for _ in range(times)
+    )
+
+
+def test_a_long_historys_evidence_is_recounted_when_an_event_arrives(
+    reviewer: Any, consumed: str, django_assert_max_num_queries: Any
+) -> None:
+    """Past TALLY_CACHE_MIN_EVENTS the tally is kept between pages, keyed by how many
+    events the occurrence has: a page never shows a tally older than its history."""
+    client = signed_in(reviewer)
+    with CaptureQueriesContext(connection) as captured:
+        client.get(f"/reviews/{consumed}/")
+    occurrence = Command.objects.get(occurrence_id=consumed).occurrence
+    _replays(occurrence, range(TALLY_CACHE_MIN_EVENTS))
+    for _ in range(2):  # counted, then remembered: never more queries than a short history
+        with django_assert_max_num_queries(len(captured.captured_queries)):
+            response = client.get(f"/reviews/{consumed}/")
+        evidence = _normal(parse(response).text("evidence-summary"))
+        assert f"{TALLY_CACHE_MIN_EVENTS + 1:,} replays refused (worker-b, worker-0000," in evidence
+        assert f"and {TALLY_CACHE_MIN_EVENTS + 1 - EVIDENCE_NAMES:,} more)" in evidence
+    # One more replay, by an execution seen before: the same names, one more refusal.
+    _replays(occurrence, range(1))
+    evidence = _normal(parse(client.get(f"/reviews/{consumed}/")).text("evidence-summary"))
+    assert f"{TALLY_CACHE_MIN_EVENTS + 2:,} replays refused" in evidence
+    assert f"and {TALLY_CACHE_MIN_EVENTS + 1 - EVIDENCE_NAMES:,} more)" in evidence
+    # A second command would be a control failure: the page says so at once.
+    AuditEvent.objects.create(
+        kind="claim.approved",
+        tenant=occurrence.tenant,
+        occurrence=occurrence,
+        decision="approved",
+        execution_id="worker-z",
+        command_id=uuid.uuid4(),
+        source_time=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    evidence = _normal(parse(client.get(f"/reviews/{consumed}/")).text("evidence-summary"))
+    assert evidence.startswith("Evidence: 2 commands · 2 approved claims: control failure")
 
 
 def test_evidence_names_the_first_replaying_executions_and_counts_the_rest() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 from django.db import connection
@@ -9,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals import services
 from approvals.models import Occurrence, RuntimeKey
-from tests.approvals.test_views_html import parse, propose, signed_in
+from approvals.selectors import HISTORY_PAGE
+from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.approvals.test_views_inbox import propose_many, row_ids
 from tests.conftest import Runtime, approve
 
@@ -101,7 +104,7 @@ def test_review_page_queries_do_not_grow_with_versions_and_votes(
     assert "109" in parse(response).text("decision-panel") or "109" in response.content.decode()
 
 
-def test_review_page_shows_the_newest_200_events_and_counts_them_all(
+def test_review_page_shows_the_newest_window_and_counts_them_all(
     runtime: Runtime, reviewer: Any, django_assert_max_num_queries: Any
 ) -> None:
     client = signed_in(reviewer)
@@ -110,23 +113,112 @@ def test_review_page_shows_the_newest_200_events_and_counts_them_all(
     few_panel = queries_for(client, f"/reviews/{small}/panel", headers={"HX-Request": "true"})
 
     large = propose(runtime)
-    _grow_history(large, 250)  # and occurrence.proposed: 251 events
+    _grow_history(large, 129)  # and occurrence.proposed: 130 events
     with django_assert_max_num_queries(few):
         response = client.get(f"/reviews/{large}/")
     assert response.status_code == 200
     page = parse(response)
     history = page.text("history")
-    assert history.count("test.note") == 200
-    assert "latest 200 of 251 events, oldest first" in " ".join(history.split())
-    # The newest, oldest first: note 50 to note 249; the proposal and notes 0-49 are older.
-    assert "note 249" in history and "note 50" in history
-    assert "note 49" not in history and "occurrence.proposed" not in history
-    assert history.index("note 50") < history.index("note 249")
+    assert history.count("test.note") == HISTORY_PAGE == 50
+    assert "latest 50 of 130 events, oldest first" in " ".join(history.split())
+    # The newest, oldest first: note 79 to note 128; the proposal and notes 0-78 are older.
+    assert notes_shown(page) == list(range(79, 129))
+    assert "occurrence.proposed" not in history
+    # The pager leads to the older events; there is nothing newer.
+    assert history_links(page) == ["Oldest events", "← Earlier events"]
 
     with django_assert_max_num_queries(few_panel):
         response = client.get(f"/reviews/{large}/panel", headers={"HX-Request": "true"})
     assert response.status_code == 200
-    assert parse(response).text("history").count("test.note") == 200
+    assert parse(response).text("history").count("test.note") == 50
+
+
+def history_links(page: Html) -> list[str]:
+    """The history pager's link texts, in order."""
+    if not page.has("history-pages"):
+        return []
+    nav = page.source[page.source.index('id="history-pages"') :]
+    nav = nav[: nav.index("</nav>")]
+    return [" ".join(text.split()) for text in re.findall(r"<a [^>]*>([^<]*)</a>", nav)]
+
+
+def history_link(page: Html, text: str) -> str:
+    """The URL of the history pager's link ``text``."""
+    nav = page.source[page.source.index('id="history-pages"') :]
+    nav = nav[: nav.index("</nav>")]
+    for href, label in re.findall(r'<a [^>]*href="([^"]*)"[^>]*>([^<]*)</a>', nav):
+        if label == text:
+            return html.unescape(href)
+    raise AssertionError(f"no {text!r} link in {history_links(page)}")
+
+
+def notes_shown(page: Html) -> list[int]:
+    """The numbers of the test notes a history window shows, in page order."""
+    return [int(n) for n in re.findall(r"note (\d+)\b", page.text("history"))]
+
+
+def test_history_pages_by_cursor_reach_every_event_once(
+    runtime: Runtime, reviewer: Any, django_assert_max_num_queries: Any
+) -> None:
+    client = signed_in(reviewer)
+    occurrence_id = propose(runtime)
+    _grow_history(occurrence_id, 129)  # notes 0-128 after occurrence.proposed: 130 events
+    newest = queries_for(client, f"/reviews/{occurrence_id}/")
+
+    # Earlier and earlier: each window is the 50 events before the first one shown.
+    page = parse(client.get(f"/reviews/{occurrence_id}/"))
+    assert notes_shown(page) == list(range(79, 129))
+    url = history_link(page, "← Earlier events")
+    assert "before=" in url and url.endswith("#history")
+    with django_assert_max_num_queries(newest + 1):  # the window, and how many precede it
+        response = client.get(url)
+    assert response.status_code == 200
+    page = parse(response)
+    assert notes_shown(page) == list(range(29, 79))
+    assert "events 31 to 80 of 130, oldest first" in " ".join(page.text("history").split())
+    assert history_links(page) == ["← Earlier events", "Later events →"]
+
+    # The end: the 30 events left, the proposal first, and no way further back.
+    response = client.get(history_link(page, "← Earlier events"))
+    assert response.status_code == 200
+    page = parse(response)
+    assert notes_shown(page) == list(range(29))
+    assert "occurrence.proposed" in page.text("history")
+    assert "events 1 to 30 of 130, oldest first" in " ".join(page.text("history").split())
+    assert history_links(page) == ["Later events →", "Latest events"]
+
+    # And forward again through the next window's cursor, then to the newest.
+    page = parse(client.get(history_link(page, "Later events →")))
+    assert notes_shown(page) == list(range(29, 79))
+    page = parse(client.get(history_link(page, "Later events →")))
+    assert notes_shown(page) == list(range(79, 129))
+    assert history_links(page) == ["Oldest events", "← Earlier events"]
+
+    # The oldest window from anywhere; a cursor that is not an event id is the newest.
+    page = parse(client.get(f"/reviews/{occurrence_id}/?after=0"))
+    assert notes_shown(page) == list(range(49))
+    assert "events 1 to 50 of 130" in " ".join(page.text("history").split())
+    page = parse(client.get(f"/reviews/{occurrence_id}/?before=x1"))
+    assert notes_shown(page) == list(range(79, 129))
+
+
+def test_an_older_window_keeps_its_place_when_the_panel_polls(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    client = signed_in(reviewer)
+    occurrence_id = propose(runtime)  # pending: the panel polls
+    _grow_history(occurrence_id, 129)
+    newest = parse(client.get(f"/reviews/{occurrence_id}/"))
+    page = parse(client.get(history_link(newest, "← Earlier events")))
+    poll = str(page.attr("decision-panel", "hx-get"))
+    assert "before=" in poll
+    _grow_history(occurrence_id, 1)  # a change: the poll answers with the panel and history
+    response = client.get(poll, headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    polled = parse(response)
+    assert polled.attr("history", "hx-swap-oob") == "true"
+    assert notes_shown(polled) == list(range(29, 79))
+    assert "events 31 to 80 of 131" in " ".join(polled.text("history").split())
 
 
 def test_a_short_history_says_how_many_events_it_has(runtime: Runtime, reviewer: Any) -> None:

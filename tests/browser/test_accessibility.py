@@ -158,6 +158,17 @@ def test_the_reviewer_pages_in_every_state(
     expect(walk.wide.locator("#evidence-summary")).to_have_count(0)
     walk.visit("review, consumed, with a refused replay", f"/reviews/{states.consumed}/")
     expect(walk.wide.locator("#evidence-summary")).to_contain_text("1 replay refused")
+    # A history longer than one window: its pager, on the newest window and an earlier one.
+    consumed = Occurrence.objects.get(pk=states.consumed)
+    for n in range(120):
+        services.audit_record(
+            kind="test.note", tenant=consumed.tenant_id, occurrence=consumed, data={"n": n}
+        )
+    walk.visit("review, long history", f"/reviews/{states.consumed}/")
+    earlier = walk.wide.locator("#history-earlier").get_attribute("href")
+    assert earlier is not None and "before=" in earlier
+    walk.visit("review, long history, earlier events", earlier)
+    expect(walk.wide.locator("#history-later")).to_be_visible()
     walk.visit("not found", "/reviews/no-such-page/", 404)
     walk.visit("not allowed", "/operations/", 403)
     reviewer_tokens.reviewer_token_issue(

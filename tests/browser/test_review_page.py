@@ -221,3 +221,53 @@ def test_saving_an_edit_after_the_claim_says_why_it_was_not_saved(
     )
     page.locator("#edit-form").get_by_role("button", name="Save as new version").click()
     expect(page.locator("main")).to_contain_text(re.compile("can no longer be edited", re.I))
+
+
+def _notes(occurrence_id: str, count: int, start: int = 0) -> None:
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    for n in range(start, start + count):
+        services.audit_record(
+            kind="test.note",
+            tenant=occurrence.tenant_id,
+            occurrence=occurrence,
+            actor="tester",
+            data={"reason": f"note {n}"},
+        )
+
+
+def test_a_long_history_pages_back_by_keyboard_and_keeps_its_window_while_polling(
+    page: Page, runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)  # pending: the panel polls every couple of seconds
+    _notes(occurrence_id, 120)  # with occurrence.proposed: 121 events
+    login(page, reviewer.username)
+    open_review(page, occurrence_id)
+    history = page.locator("#history")
+    expect(history.locator("h2")).to_contain_text("latest 50 of 121 events, oldest first")
+    expect(history.locator("tbody.history-event")).to_have_count(50)
+
+    # By keyboard: the pager's links are ordinary links, in reading order.
+    pager = page.get_by_role("navigation", name="History pages")
+    expect(pager.get_by_role("link")).to_have_text(["Oldest events", "← Earlier events"])
+    pager.get_by_role("link", name="← Earlier events").focus()
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
+    assert "before=" in page.url and page.url.endswith("#history")
+    expect(history.locator("h2")).to_contain_text("events 22 to 71 of 121, oldest first")
+    expect(history).to_contain_text("note 20")
+    expect(history).not_to_contain_text("note 70")
+
+    # A new event: the poll brings the panel and the same window, one more event counted,
+    # and the link that had focus keeps it.
+    pager.get_by_role("link", name="← Earlier events").focus()
+    _notes(occurrence_id, 1, start=120)
+    expect(history.locator("h2")).to_contain_text("events 22 to 71 of 122", timeout=10_000)
+    expect(history).to_contain_text("note 20")
+    expect(page.locator("#history-earlier")).to_be_focused()
+    expect(pager.get_by_role("link")).to_have_text(
+        ["← Earlier events", "Later events →", "Latest events"]
+    )
+    with page.expect_navigation():
+        pager.get_by_role("link", name="Latest events").click()
+    expect(history.locator("h2")).to_contain_text("latest 50 of 122 events")
+    expect(history).to_contain_text("note 120")
