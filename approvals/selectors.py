@@ -617,9 +617,12 @@ class ConsoleAccess:
         self.tenants: list[Tenant] = []
         # Operators work in the operations console; the header links to it.
         self.operator_tenant_ids: set[int] = set()
+        self.operator_tenants: list[Tenant] = []  # in name order, as the console's
         for membership in memberships:
             if membership.role == Membership.Role.OPERATOR:
-                self.operator_tenant_ids.add(membership.tenant_id)
+                if membership.tenant_id not in self.operator_tenant_ids:
+                    self.operator_tenant_ids.add(membership.tenant_id)
+                    self.operator_tenants.append(membership.tenant)
                 continue
             if membership.tenant_id not in self.roles:
                 self.roles[membership.tenant_id] = set()

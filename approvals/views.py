@@ -79,15 +79,22 @@ def _scope(request: HttpRequest, access: ConsoleAccess) -> Tenant | None:
     return next((t for t in access.tenants if t.slug == slug), None)
 
 
-def _chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
-    """What the header needs: the tenant switcher, and whether to link the operations
-    console and the admin pages."""
+def header_links(access: ConsoleAccess) -> dict[str, bool]:
+    """Which of the header's links the user gets: the operations console, the admin pages,
+    Access tokens. Every page's header, the operations console's too."""
     return {
-        "tenants": access.tenants,
-        "current_tenant": _scope(request, access),
         "is_operator": bool(access.operator_tenant_ids),
         "is_admin_somewhere": any(access.is_admin(t.pk) for t in access.tenants),
         "is_reviewer_somewhere": any(access.is_reviewer(t.pk) for t in access.tenants),
+    }
+
+
+def _chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
+    """What the header needs: the tenant switcher (it scopes the inbox), and the links."""
+    return {
+        "tenants": access.tenants,
+        "current_tenant": _scope(request, access),
+        **header_links(access),
     }
 
 

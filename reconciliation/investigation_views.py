@@ -41,6 +41,7 @@ def investigation(request: HttpRequest) -> HttpResponse:
     context = {
         "is_operator": bool(access.operator_tenant_ids),
         "is_admin_somewhere": bool(access.admin_tenant_ids),
+        "is_reviewer_somewhere": bool(access.reviewer_tenant_ids),
         "q": read.q,
     }
     if read.q:

@@ -51,15 +51,15 @@ from reconciliation.models import AdapterInvocation, OperatorDecision
 
 # --- who may investigate ------------------------------------------------------------------
 
-INVESTIGATOR_ROLES = (Membership.Role.OPERATOR, Membership.Role.ADMIN)
-
 
 @dataclass(frozen=True)
 class InvestigatorAccess:
-    """The tenants where a user is an operator or an admin, read in one query."""
+    """The tenants where a user is an operator or an admin (and, for the header's Access
+    tokens link, a reviewer), read in one query."""
 
     operator_tenant_ids: frozenset[int]
     admin_tenant_ids: frozenset[int]
+    reviewer_tenant_ids: frozenset[int] = frozenset()
 
     @property
     def tenant_ids(self) -> list[int]:
@@ -69,14 +69,15 @@ class InvestigatorAccess:
 def investigator_access(user: Any) -> InvestigatorAccess:
     if not user.is_authenticated:
         return InvestigatorAccess(frozenset(), frozenset())
-    rows = Membership.objects.filter(user_id=user.pk, role__in=INVESTIGATOR_ROLES).values_list(
-        "tenant_id", "role"
-    )
-    operator: set[int] = set()
-    admin: set[int] = set()
+    rows = Membership.objects.filter(user_id=user.pk).values_list("tenant_id", "role")
+    by_role: dict[str, set[int]] = {role: set() for role in Membership.Role.values}
     for tenant_id, role in rows:
-        (operator if role == Membership.Role.OPERATOR else admin).add(tenant_id)
-    return InvestigatorAccess(frozenset(operator), frozenset(admin))
+        by_role[role].add(tenant_id)
+    return InvestigatorAccess(
+        frozenset(by_role[Membership.Role.OPERATOR]),
+        frozenset(by_role[Membership.Role.ADMIN]),
+        frozenset(by_role[Membership.Role.REVIEWER]),
+    )
 
 
 # --- what was asked -------------------------------------------------------------------------

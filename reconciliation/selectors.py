@@ -15,7 +15,6 @@ from approvals.models import (
     AuditEvent,
     Command,
     Epoch,
-    Membership,
     Occurrence,
     Proposal,
     Tenant,
@@ -365,17 +364,4 @@ def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline
         decisions=decisions,
         approvals=list(occurrence.approvals.all()),
         credential_refreshed_at=refreshed,
-    )
-
-
-def operator_tenants(user: Any) -> list[Tenant]:
-    """The tenants where the user is an operator."""
-    if not user.is_authenticated:
-        return []
-    return list(
-        Tenant.objects.filter(
-            memberships__user_id=user.pk, memberships__role=Membership.Role.OPERATOR
-        )
-        .distinct()
-        .order_by("name", "slug")
     )

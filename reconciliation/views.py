@@ -16,9 +16,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.models import Command, Tenant
-from approvals.selectors import parse_uuid, tool_ids
+from approvals.selectors import console_access, parse_uuid, tool_ids
 from approvals.services import ServiceError
-from approvals.views import console_login_required
+from approvals.views import console_login_required, header_links
 from reconciliation import operations, presenters, selectors
 
 TEMPLATE_QUEUE = "reconciliation/queue.html"
@@ -26,17 +26,18 @@ TEMPLATE_TIMELINE = "reconciliation/timeline.html"
 QUEUE_POLL_SECONDS = 5
 
 
-def _tenants(request: HttpRequest) -> list[Tenant]:
-    tenants = selectors.operator_tenants(request.user)
-    if not tenants:
+def _operator(request: HttpRequest) -> tuple[list[Tenant], dict[str, bool]]:
+    """The user's operator tenants and the header's links, from one read of the roles."""
+    access = console_access(request.user)
+    if not access.operator_tenants:
         raise PermissionDenied("Only operators of a tenant can open the operations console.")
-    return tenants
+    return access.operator_tenants, header_links(access)
 
 
 @require_GET
 @console_login_required
 def queue(request: HttpRequest) -> HttpResponse:
-    tenants = _tenants(request)
+    tenants, links = _operator(request)
     tools = tool_ids()
     reason = request.GET.get("reason", "")
     reason = reason if reason in selectors.Reason.LABELS else ""
@@ -51,7 +52,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     total = sum(counts.values())
     query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
     context = {
-        "is_operator": True,
+        **links,
         "rows": presenters.queue_rows(items, now),
         "counts": [(r, selectors.Reason.LABELS[r], counts[r]) for r in selectors.Reason.ORDER],
         "total": total,
@@ -70,7 +71,7 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 
 def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any]:
-    tenants = _tenants(request)
+    tenants, links = _operator(request)
     timeline = selectors.timeline_get(
         occurrence_id=occurrence_id, tenant_ids=[t.pk for t in tenants]
     )
@@ -79,7 +80,7 @@ def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any
     now = timezone.now()
     command = timeline.commands[-1] if timeline.commands else None
     return {
-        "is_operator": True,
+        **links,
         "timeline": timeline,
         "occurrence": timeline.occurrence,
         "command": command,
@@ -104,7 +105,7 @@ def timeline(request: HttpRequest, occurrence_id: Any) -> HttpResponse:
 def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpResponse:
     if action not in presenters.ACTION_SLUGS:
         raise Http404("No such action.")
-    tenants = _tenants(request)
+    tenants, _ = _operator(request)
     pk = parse_uuid(str(command_id))
     command = (
         Command.objects.filter(pk=pk, tenant__in=tenants).only("pk", "occurrence_id").first()

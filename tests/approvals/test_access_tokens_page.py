@@ -164,3 +164,22 @@ def test_a_second_user_in_the_same_tenant_is_separate(tenant: Tenant) -> None:
     reviewer_tokens.reviewer_token_issue(user=rita, tenant=tenant, name="mine", lifetime_days=7)
 
     assert 'data-token-id="' not in signed_in(ravi).get("/account/tokens/").content.decode()
+
+
+def test_the_operations_pages_link_it_and_the_admin_pages_for_who_may_use_them(
+    tenant: Tenant, approved: str
+) -> None:
+    """An operator who also reviews (or administers) finds Access tokens (and Admin) in the
+    header of the operations console and the investigations page, as on the inbox."""
+    both = make_user("both", tenant, Membership.Role.OPERATOR, Membership.Role.REVIEWER)
+    ops_only = make_user("ops-only", tenant, Membership.Role.OPERATOR)
+    ops_admin = make_user("ops-admin", tenant, Membership.Role.OPERATOR, Membership.Role.ADMIN)
+    pages = ["/operations/", f"/operations/occurrences/{approved}/", "/investigations/"]
+    for page in pages:
+        html = signed_in(both).get(page)
+        assert html.status_code == 200, page
+        assert 'href="/account/tokens/"' in html.content.decode(), page
+        assert 'href="/account/tokens/"' not in signed_in(ops_only).get(page).content.decode()
+        admin_html = signed_in(ops_admin).get(page).content.decode()
+        assert 'href="/account/tokens/"' not in admin_html, page
+        assert 'href="/operations/revocations/"' in admin_html, page
