@@ -218,10 +218,7 @@ class _Answer:
         return int(self.messages[0]["status"])
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.messages[0].get("headers", ()):
-            if key.lower() == name:
-                return bytes(value)
-        return None
+        return _header(self.messages[0], name)  # the start message carries the headers
 
 
 class LongPollApp:
@@ -377,7 +374,8 @@ class _LongPoll:
                 self.gone.set()
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def _header(scope: Scope | Message, name: bytes) -> bytes | None:
+    """A header of a scope or a response start message (names are lower-case bytes)."""
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return bytes(value)

@@ -34,7 +34,6 @@ import argparse
 import cProfile
 import logging
 import multiprocessing
-import os
 import pstats
 import sys
 import time
@@ -48,13 +47,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+from bench.django_setup import setup_django  # noqa: E402
+
 # connection.queries must not grow for the length of a run.
-os.environ["DEBUG"] = "0"
-
-import django  # noqa: E402
-
-django.setup()
+setup_django(debug_off=True)
 
 import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402

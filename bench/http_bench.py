@@ -69,16 +69,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ["DEBUG"] = "0"
-# The settings refuse to load without a key of their own when DEBUG is off; a run without
-# one gets a throwaway key, which the server it starts shares.
-if not os.environ.get("SECRET_KEY"):
-    os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
+from bench.django_setup import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+# DEBUG off, as bin/serve runs; the throwaway key (if none is set) is the server's too.
+setup_django(debug_off=True)
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402

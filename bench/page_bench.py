@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,11 +33,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+from bench.django_setup import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+setup_django()
 
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402

@@ -27,9 +27,11 @@ from approvals import services
 from approvals.models import Occurrence, RuntimeKeyUsage
 from tests.clients.conftest import run_async
 from tests.conftest import Runtime, approve, make_runtime
-from tests.serve.servers import ServerProcess, asgi_server, sample, scrape
+from tests.serve.servers import ServerProcess, asgi_server, sample, scrape, wait_for_sample
 
 __all__ = ["asgi_server"]  # a fixture
+
+WAITING = "console_long_poll_waiting"  # the gauge of long-polls waiting for a change
 
 POSTGRES_ONLY = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="LISTEN/NOTIFY and the ASGI server need PostgreSQL"
@@ -151,15 +153,6 @@ def _database_connections() -> int:
     return int(count)
 
 
-def _wait_for_waiters(url: str, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sample(scrape(url), "console_long_poll_waiting") >= count:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{count} long-polls were not all waiting after {timeout} s")
-
-
 @pytest.mark.django_db(transaction=True)
 @POSTGRES_ONLY
 def test_asgi_long_poll_semantics(asgi_server: ServerProcess, tenant: Any, reviewer: Any) -> None:
@@ -198,7 +191,7 @@ def test_asgi_long_poll_semantics(asgi_server: ServerProcess, tenant: Any, revie
         assert woken.json()["status"] == "rejected"
         assert woken.json()["rejection_reason"] == "Wrong order."
         assert woken.headers["ETag"] != etag
-    assert sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0
+    assert sample(scrape(asgi_server.url), WAITING) == 0
     # Six requests with the key (the proposal, five reads), each counted once by the rate
     # limit, though the three long-polls read seven times between them.
     assert sample(scrape(asgi_server.url), "console_long_poll_reads_total") >= 7
@@ -221,12 +214,7 @@ def test_a_client_that_leaves_stops_waiting(asgi_server: ServerProcess, tenant: 
             task.cancel()
 
     run_async(leave())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0:
-            break
-        time.sleep(0.1)
-    assert sample(scrape(asgi_server.url), "console_long_poll_waiting") == 0
+    wait_for_sample(asgi_server.url, WAITING, lambda n: n == 0, timeout=10)
 
 
 WAITERS = 500
@@ -279,7 +267,7 @@ def test_500_waiters_are_each_woken_within_a_second_of_their_decision(
     crowd = ctx.Process(target=_crowd, args=(asgi_server.url, runtime.raw_key, ids, results))
     crowd.start()
     try:
-        _wait_for_waiters(asgi_server.url, WAITERS)
+        wait_for_sample(asgi_server.url, WAITING, lambda n: n >= WAITERS, timeout=60)
         # While 500 wait, no thread and no database connection is held for each of them
         # (a WSGI server would hold 500 threads): a few per worker (the pool's, the
         # executors'), at most DB_POOL_MAX connections and one LISTEN per worker.

@@ -16,7 +16,7 @@ from django.db import connection
 
 from tests.clients.conftest import CASE_ARGS, reject, run_async
 from tests.conftest import approve, make_runtime
-from tests.serve.servers import ServerProcess, asgi_server, sample, scrape
+from tests.serve.servers import ServerProcess, asgi_server, sample, scrape, wait_for_sample
 
 __all__ = ["asgi_server"]  # a fixture
 
@@ -28,14 +28,6 @@ pytestmark = [
 ]
 
 WAITERS = 100
-
-
-def _wait_for(url: str, name: str, value: float, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while sample(scrape(url), name) < value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{name} did not reach {value} in {timeout} s")
-        time.sleep(0.1)
 
 
 def test_100_long_polling_clients_are_woken_by_their_decisions(
@@ -85,7 +77,9 @@ def test_100_long_polling_clients_are_woken_by_their_decisions(
     waiting.start()
     decided: dict[str, float] = {}
     try:
-        _wait_for(asgi_server.url, "console_long_poll_waiting", WAITERS)
+        wait_for_sample(
+            asgi_server.url, "console_long_poll_waiting", lambda n: n >= WAITERS, timeout=30
+        )
         for n, occurrence_id in enumerate(ids):
             if n % 2:
                 reject(occurrence_id, reviewer, f"Not case {n}.")

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,17 @@ def scrape(
 
 def sample(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for_sample(
+    url: str, name: str, until: Callable[[float], bool], timeout: float, **labels: str
+) -> None:
+    """Scrape ``url`` until the sample ``name`` satisfies ``until``; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not until(value := sample(scrape(url), name, **labels)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} is {value} after {timeout} s")
+        time.sleep(0.1)
 
 
 @pytest.fixture
