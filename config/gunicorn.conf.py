@@ -104,6 +104,15 @@ if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 
 
+def post_worker_init(worker: Any) -> None:
+    """The worker has loaded the application: take its long-lived heap out of the garbage
+    collector's full runs (config/heap.py), which otherwise walk it many times a minute."""
+    from config.heap import freeze_startup_heap
+
+    frozen = freeze_startup_heap()
+    worker.log.info("froze %d startup objects out of the garbage collector's way", frozen)
+
+
 def child_exit(server: Any, worker: Any) -> None:
     """A worker ended: its counters stay counted; any live gauge of its pid goes."""
     from prometheus_client import multiprocess

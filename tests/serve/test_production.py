@@ -124,6 +124,10 @@ def test_bin_serve_serves_the_console_as_production(
     assert sample(samples, "console_metrics_database_up") == 1.0
     assert ("console_pending_reviews", ()) in samples
 
+    # Each of the two workers froze its startup heap once it had loaded the application.
+    frozen = re.findall(r"froze (\d+) startup objects", server.output())
+    assert len(frozen) == 2 and all(int(n) > 10_000 for n in frozen), frozen
+
     # One line per request in the access log, with the trace id the console answered with.
     trace = page.headers["X-Trace-Id"]
     lines = [line for line in server.output().splitlines() if f"trace={trace}" in line]
