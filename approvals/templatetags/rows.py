@@ -15,10 +15,9 @@ import html
 from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
-
-from django.urls import reverse
 
 from approvals.presenters import HistoryRow, InboxRow
 
@@ -128,9 +127,7 @@ def inbox_row(row: InboxRow, show_tenant: bool) -> SafeString:
     pk = _html(occurrence.pk)
     tool = _html(occurrence.tool.name)
     created = timezone.localtime(occurrence.created_at)
-    tenant = (
-        f'<td class="cell-tenant">{_html(occurrence.tenant.name)}</td>' if show_tenant else ""
-    )
+    tenant = f'<td class="cell-tenant">{_html(occurrence.tenant.name)}</td>' if show_tenant else ""
     href = _html(reverse("approvals:review", args=[occurrence.pk]))
     return mark_safe(  # noqa: S308 - every value above went through _html
         f'<tr data-occurrence-id="{pk}">'

@@ -3,14 +3,18 @@ in and out."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
+from django.utils.safestring import SafeString
 
-from approvals import services
+from approvals import presenters, selectors, services
 from approvals.models import Membership, Occurrence, Tenant
+from approvals.templatetags.rows import inbox_row
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_user
 
@@ -336,3 +340,65 @@ def test_a_claimed_request_is_consumed_on_every_page(runtime: Runtime, reviewer:
     assert '<option value="claimed" selected>Consumed</option>' in inbox  # the filter
     assert "Claimed" not in inbox and "Claimed" not in review
     assert "Consumed" in review
+
+
+# --- the rows, rendered in Python (approvals/templatetags/rows.py) -----------------------
+
+
+def test_inbox_rows_escape_what_the_agent_wrote_and_link_each_review(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence, _ = services.occurrence_propose(
+        runtime_key=runtime.key,
+        tool="issue_refund",
+        arguments=dict(REFUND_ARGS, reason='<img src=x onerror="alert(1)">'),
+        run_id="run-<b>7</b>",
+        reason="bulk",
+        requested_by='<script>alert("hi")</script>',
+    )
+    html = signed_in(reviewer).get("/reviews/").content.decode()
+    row = html[html.index(f'<tr data-occurrence-id="{occurrence.pk}">') :]
+    row = row[: row.index("</tr>")]
+    assert "<script" not in row and "<img" not in row and "<b>" not in row
+    assert "&lt;script&gt;alert(&quot;hi&quot;)&lt;/script&gt;" in row
+    assert "run-&lt;b&gt;7&lt;/b&gt;" in row
+    assert "&lt;img src=x onerror=" in row
+    assert f'href="/reviews/{occurrence.pk}/"' in row
+    assert f'id="review-link-{occurrence.pk}"' in row
+    created = timezone.localtime(occurrence.created_at)
+    assert f'<time datetime="{created.isoformat()}"' in row
+    assert f"issue_refund from {created:%Y-%m-%d %H:%M}</span>" in row
+    assert '<span class="muted">Amount</span> <strong>EUR 80.00</strong>' in row
+    assert 'class="cell-tenant"' not in row  # one tenant: no tenant column
+
+
+def test_a_reviewer_of_two_tenants_sees_each_rows_tenant_until_scoped(
+    runtime: Runtime, other_runtime: Runtime, two_tenant_reviewer: Any, tenant: Tenant
+) -> None:
+    acme, globex = propose(runtime), propose(other_runtime)
+    client = signed_in(two_tenant_reviewer)
+    html = client.get("/reviews/").content.decode()
+    for occurrence_id in (acme, globex):
+        row = html[html.index(f'data-occurrence-id="{occurrence_id}"') :]
+        name = Occurrence.objects.get(pk=occurrence_id).tenant.name
+        assert f'<td class="cell-tenant">{name}</td>' in row[: row.index("</tr>")]
+    client.post("/tenant/", {"tenant": tenant.slug})
+    assert 'class="cell-tenant"' not in client.get("/reviews/").content.decode()
+
+
+def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
+    occurrence_id = propose(runtime)
+    occurrence = selectors.inbox_occurrences(tenant_ids=[runtime.key.tenant_id]).get(
+        pk=occurrence_id
+    )
+    row = presenters.inbox_row(occurrence, timezone.now())
+
+    def flag(path: str) -> presenters.ArgumentFlag:
+        return presenters.ArgumentFlag(
+            path=SafeString(path), word=SafeString("w"), reads_as=SafeString("w"), reasons=[]
+        )
+
+    flagged = dataclasses.replace(row, flags=[flag("reason"), flag("reason"), flag("to")])
+    html = inbox_row(flagged, show_tenant=False)
+    assert "⚠ look-alike text in <code>reason</code>, <code>to</code></span>" in html
+    assert "look-alike" not in inbox_row(row, show_tenant=False)
