@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import uuid
@@ -679,9 +680,19 @@ def inbox_occurrences(
     queries however long it is. The tool is filtered by id, so that the count runs on
     the (tenant, tool, status, created_at) index without a join.
     """
-    queryset = (
-        Occurrence.objects.filter(tenant_id__in=list(tenant_ids))
-        .select_related("tool", "tenant")
+    queryset = _inbox_queryset().filter(tenant_id__in=list(tenant_ids))
+    if tool_id is not None:
+        queryset = queryset.filter(tool_id=tool_id)
+    if status:
+        queryset = queryset.filter(status=status)
+    return queryset
+
+
+@functools.cache
+def _inbox_queryset() -> QuerySet[Occurrence]:
+    """Built once per process, as the review page's are (below); each request filters a copy."""
+    return (
+        Occurrence.objects.select_related("tool", "tenant")
         .prefetch_related(
             Prefetch(
                 "proposals",
@@ -698,11 +709,6 @@ def inbox_occurrences(
         )
         .order_by("-created_at", "-pk")
     )
-    if tool_id is not None:
-        queryset = queryset.filter(tool_id=tool_id)
-    if status:
-        queryset = queryset.filter(status=status)
-    return queryset
 
 
 @dataclass(frozen=True)
@@ -804,13 +810,22 @@ class Freshness:
         )
 
 
+# The review page's and its poll's querysets are built once per process and cloned by each
+# request (``.filter()`` copies, the built one is never evaluated): resolving their dozen
+# subqueries cost a page more than running them.
+
+
+@functools.cache
+def _freshness_queryset() -> QuerySet[Occurrence]:
+    return Occurrence.objects.only("tenant_id", "status", "updated_at").annotate(
+        **_freshness_annotations()
+    )
+
+
 def freshness_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Freshness | None:
     """An occurrence's freshness in one query, if it belongs to one of ``tenant_ids``."""
     occurrence = (
-        Occurrence.objects.filter(pk=occurrence_id, tenant_id__in=list(tenant_ids))
-        .only("tenant_id", "status", "updated_at")
-        .annotate(**_freshness_annotations())
-        .first()
+        _freshness_queryset().filter(pk=occurrence_id, tenant_id__in=list(tenant_ids)).first()
     )
     return None if occurrence is None else Freshness.of(occurrence)
 
@@ -821,6 +836,11 @@ def review_queryset() -> QuerySet[Occurrence]:
     Its freshness and the number of its audit events are read with the occurrence itself,
     in one statement, so that a page never claims to be newer than what it shows.
     """
+    return _review_queryset().all()
+
+
+@functools.cache
+def _review_queryset() -> QuerySet[Occurrence]:
     return (
         Occurrence.objects.select_related("tool", "tenant", "runtime_key")
         .annotate(
