@@ -21,6 +21,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from approvals import vocabulary
+
 
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
@@ -844,6 +846,13 @@ class AuditEvent(models.Model):
                 fields=["tenant", "execution_id", "id"],
                 condition=~Q(execution_id=""),
                 name="audit_tenant_execution",
+            ),
+            # A review page's effect line: a command's newest effect events, found without
+            # walking an occurrence's whole history (thousands of refused replays, say).
+            models.Index(
+                fields=["command_id", "id"],
+                condition=Q(kind__in=vocabulary.EFFECT_KINDS),
+                name="audit_command_effects",
             ),
         ]
         constraints = [

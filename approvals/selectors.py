@@ -1178,20 +1178,6 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
     )
 
 
-# The audit kinds that tell what happened to a command after its claim. They are written
-# by ``reconciliation`` (which this app never imports); the review page reads them back.
-# An operator's reconciliation or compensation is an ``operator.*`` event, not one of these.
-EFFECT_KINDS = (
-    AuditKind.EFFECT_SENDING,
-    AuditKind.EFFECT_COMMITTED,
-    AuditKind.EFFECT_REJECTED,
-    AuditKind.EFFECT_OUTCOME_UNKNOWN,
-    AuditKind.EFFECT_RETRY_SCHEDULED,
-    AuditKind.RECOVERY_INTERRUPTED,
-    AuditKind.EPOCH_ADMITTED,
-)
-
-
 @dataclass(frozen=True)
 class EffectEvidence:
     """The newest effect and recovery evidence of a command, from its audit events."""
@@ -1207,7 +1193,7 @@ def effect_evidence(occurrence: Occurrence, command: Command) -> EffectEvidence:
     """One query: the newest few effect, recovery and epoch events of the command."""
     events = list(
         AuditEvent.objects.filter(
-            occurrence=occurrence, command_id=command.pk, kind__in=EFFECT_KINDS
+            occurrence=occurrence, command_id=command.pk, kind__in=vocabulary.EFFECT_KINDS
         ).order_by("-id")[:20]
     )
     latest = next((e for e in events if e.kind.startswith(vocabulary.EFFECT_PREFIX)), None)

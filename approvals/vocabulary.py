@@ -145,6 +145,21 @@ CLAIM_PREFIX = "claim."
 EFFECT_PREFIX = "effect."
 OPERATOR_PREFIX = "operator."
 
+# The audit kinds that tell what happened to a command after its claim. They are written
+# by ``reconciliation`` (which ``approvals`` never imports); the review page reads them
+# back, through an index of their own (``audit_command_effects``) whose condition names
+# this tuple: a kind added here needs a migration of that index.
+# An operator's reconciliation or compensation is an ``operator.*`` event, not one of these.
+EFFECT_KINDS = (
+    AuditKind.EFFECT_SENDING,
+    AuditKind.EFFECT_COMMITTED,
+    AuditKind.EFFECT_REJECTED,
+    AuditKind.EFFECT_OUTCOME_UNKNOWN,
+    AuditKind.EFFECT_RETRY_SCHEDULED,
+    AuditKind.RECOVERY_INTERRUPTED,
+    AuditKind.EPOCH_ADMITTED,
+)
+
 
 def literal_values(literal: object) -> tuple[str, ...]:
     return tuple(get_args(literal))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from approvals import callbacks, metrics, ratelimit, replay_scan, selectors
+from approvals import callbacks, metrics, ratelimit, replay_scan, vocabulary
 from approvals.models import Command
 from approvals.vocabulary import CLAIM_PREFIX, AuditKind, ClaimDecision
 from reconciliation import investigations
@@ -263,7 +263,7 @@ def test_the_builders_make_members_or_refuse() -> None:
 def test_the_surfaces_name_members() -> None:
     assert all(isinstance(kind, AuditKind) for kind in callbacks.EVENTS)
     assert all(isinstance(kind, AuditKind) for kind in metrics._DECISIONS)
-    assert all(isinstance(kind, AuditKind) for kind in selectors.EFFECT_KINDS)
+    assert all(isinstance(kind, AuditKind) for kind in vocabulary.EFFECT_KINDS)
     assert isinstance(ratelimit.BURST_EVENT, AuditKind)
     assert isinstance(investigations.COMMITTED_KIND, AuditKind)
     assert isinstance(investigations.REDELIVERED_KIND, AuditKind)

@@ -1,0 +1,38 @@
+"""The indexes a page's queries rely on are ones PostgreSQL can use for them: each test runs
+the page's own query with sequential and bitmap scans switched off, so the plan names the
+index if, and only if, the query's conditions imply the index's."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from approvals import selectors
+from approvals.models import Command, Occurrence
+from tests.conftest import Runtime
+
+pytestmark = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="query plans are PostgreSQL's"
+)
+
+
+def plan_of(sql: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute(f"EXPLAIN {sql}")
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_effect_line_reads_the_commands_effect_index(
+    runtime: Runtime, approved: str, token: str
+) -> None:
+    assert runtime.claim(token, "exec-1").status_code == 200
+    occurrence = Occurrence.objects.get(pk=approved)
+    command = Command.objects.get(occurrence=occurrence)
+    with CaptureQueriesContext(connection) as queries:
+        selectors.effect_evidence(occurrence, command)
+    (query,) = queries.captured_queries
+    assert "audit_command_effects" in plan_of(query["sql"])
