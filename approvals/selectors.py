@@ -862,8 +862,8 @@ def _review_queryset() -> QuerySet[Occurrence]:
                 )
                 .order_by("version"),
             ),
-            Prefetch("approvals", queryset=Approval.objects.select_related("approver")),
-            Prefetch("commands", queryset=Command.objects.order_by("created_at")),
+            # Each approval with its command (one-to-one), in the same query.
+            Prefetch("approvals", queryset=Approval.objects.select_related("approver", "command")),
         )
     )
 
@@ -1149,7 +1149,9 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
     approval = current_approval(occurrence)
     command = None
     if approval is not None:
-        command = next((c for c in occurrence.commands.all() if c.approval_id == approval.pk), None)
+        # Read with the approval (``review_queryset``); an approval without one raises
+        # RelatedObjectDoesNotExist, an AttributeError.
+        command = getattr(approval, "command", None)
 
     status = occurrence.status
     if status == Occurrence.Status.REJECTED:

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from approvals import services
-from approvals.models import Occurrence, RuntimeKey
+from approvals.models import Command, Occurrence, RuntimeKey
 from approvals.selectors import HISTORY_PAGE
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.approvals.test_views_inbox import propose_many, row_ids
@@ -288,3 +288,21 @@ def test_unchanged_inbox_poll_answers_204_before_reading_rows(
         poll = str(parse(client.get(url)).attr("inbox-list", "hx-get"))
         with django_assert_max_num_queries(UNCHANGED_INBOX_POLL_QUERIES):
             assert client.get(poll, headers={"HX-Request": "true"}).status_code == 204, url
+
+
+def test_review_page_reads_each_approvals_command_with_the_approval(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime)
+    approve(occurrence_id, reviewer)
+    token = runtime.token(occurrence_id).json()["token"]
+    assert runtime.claim(token, "exec-1").json()["decision"] == "approved"
+    command = Command.objects.get(occurrence_id=occurrence_id)
+    client = signed_in(reviewer)
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(f"/reviews/{occurrence_id}/")
+    assert response.status_code == 200
+    assert str(command.pk) in response.content.decode()  # "command <id>" in the panel
+    statements = [q["sql"] for q in captured.captured_queries]
+    assert not [sql for sql in statements if sql.startswith('SELECT "approvals_command".')]
+    assert any('LEFT OUTER JOIN "approvals_command"' in sql for sql in statements)
