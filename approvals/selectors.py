@@ -661,6 +661,13 @@ def tool_ids() -> dict[str, int]:
     return dict(ToolContract.objects.order_by("name").values_list("name", "id"))
 
 
+def inbox_tools() -> dict[int, ToolContract]:
+    """Every tool contract by id, in name order, without the schema and description an
+    inbox row never shows: the inbox's tool filter, and the tool of each of its rows."""
+    contracts = ToolContract.objects.defer("json_schema", "description").order_by("name")
+    return {contract.pk: contract for contract in contracts}
+
+
 def tool_contracts() -> list[ToolContract]:
     """Every tool contract, in name order."""
     return list(ToolContract.objects.order_by("name"))
@@ -677,8 +684,9 @@ def inbox_occurrences(
 
     The current proposal (with its number of votes) and its approval are prefetched into
     ``current_proposals`` and ``current_approvals`` so a page of rows costs the same few
-    queries however long it is. The tool is filtered by id, so that the count runs on
-    the (tenant, tool, status, created_at) index without a join.
+    queries however long it is; ``inbox_page`` gives each row its tool and tenant. The
+    tool is filtered by id, so that the count runs on the (tenant, tool, status,
+    created_at) index without a join.
     """
     queryset = _inbox_queryset().filter(tenant_id__in=list(tenant_ids))
     if tool_id is not None:
@@ -692,8 +700,7 @@ def inbox_occurrences(
 def _inbox_queryset() -> QuerySet[Occurrence]:
     """Built once per process, as the review page's are (below); each request filters a copy."""
     return (
-        Occurrence.objects.select_related("tool", "tenant")
-        .prefetch_related(
+        Occurrence.objects.prefetch_related(
             Prefetch(
                 "proposals",
                 queryset=Proposal.objects.filter(is_current=True).annotate(
@@ -740,12 +747,31 @@ def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: i
 
 
 def inbox_page(
-    occurrences: QuerySet[Occurrence], *, offset: int, limit: int
-) -> QuerySet[Occurrence]:
+    occurrences: QuerySet[Occurrence],
+    *,
+    offset: int,
+    limit: int,
+    tools: dict[int, ToolContract],
+    tenants: Iterable[Tenant],
+) -> list[Occurrence]:
     """One page of the inbox's rows. The page's ids are picked first, from the
     (tenant, status, created_at, id) index alone, and only those rows are read: a deep page
-    skips index entries, not table rows with their joins."""
-    return occurrences.filter(pk__in=occurrences.values("pk")[offset : offset + limit])
+    skips index entries, not table rows with their joins.
+
+    Each row's tool and tenant are the instances the page already has (``inbox_tools``,
+    the reader's tenants), shared by its rows rather than built again for each one; a
+    tool added since ``tools`` was read is fetched then."""
+    page = list(occurrences.filter(pk__in=occurrences.values("pk")[offset : offset + limit]))
+    missing = {o.tool_id for o in page} - tools.keys()
+    if missing:
+        tools = {**tools, **ToolContract.objects.in_bulk(missing)}
+    tenant_of = {tenant.pk: tenant for tenant in tenants}
+    for occurrence in page:
+        occurrence.tool = tools[occurrence.tool_id]
+        tenant = tenant_of.get(occurrence.tenant_id)
+        if tenant is not None:  # else read when shown: a page filters by the reader's tenants
+            occurrence.tenant = tenant
+    return page
 
 
 def _freshness_annotations() -> dict[str, Any]:

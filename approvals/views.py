@@ -165,7 +165,8 @@ class _CountedPaginator(Paginator):
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     access = selectors.console_access(request.user)
     scope = _scope(request, access)
-    tools = selectors.tool_ids()
+    contracts = selectors.inbox_tools()
+    tools = {contract.name: contract.pk for contract in contracts.values()}
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
@@ -193,7 +194,13 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         return HttpResponse(status=204)
 
     listing = presenters.inbox_list(
-        selectors.inbox_page(occurrences, offset=offset, limit=INBOX_PAGE_SIZE),
+        selectors.inbox_page(
+            occurrences,
+            offset=offset,
+            limit=INBOX_PAGE_SIZE,
+            tools=contracts,
+            tenants=access.tenants,
+        ),
         tool=tool,
         state=state,
         page=number,

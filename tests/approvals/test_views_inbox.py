@@ -402,3 +402,21 @@ def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
     html = inbox_row(flagged, show_tenant=False)
     assert "⚠ look-alike text in <code>reason</code>, <code>to</code></span>" in html
     assert "look-alike" not in inbox_row(row, show_tenant=False)
+
+
+def test_an_inbox_pages_rows_share_their_tool_and_tenant(
+    runtime: Runtime, tenant: Tenant, django_assert_num_queries: Any
+) -> None:
+    propose_many(runtime, 3)
+    occurrences = selectors.inbox_occurrences(tenant_ids=[tenant.pk])
+    tools = selectors.inbox_tools()
+    with django_assert_num_queries(3):  # the ids and rows, the proposals, the approvals
+        rows = selectors.inbox_page(occurrences, offset=0, limit=25, tools=tools, tenants=[tenant])
+    assert len(rows) == 3
+    assert all(row.tool is tools[row.tool_id] for row in rows)
+    assert all(row.tenant is tenant for row in rows)
+    # A tool contract added after the page read its tools is fetched, once, not missed.
+    with django_assert_num_queries(4):
+        rows = selectors.inbox_page(occurrences, offset=0, limit=25, tools={}, tenants=[])
+    assert {row.tool.name for row in rows} == {"issue_refund"}
+    assert rows[0].tool is rows[1].tool
