@@ -616,6 +616,15 @@ class Approval(models.Model):
                 name="approval_revoked_has_time",
             ),
         ]
+        indexes = [
+            # The operations queue's "expired, never claimed", oldest first: read from the
+            # approvals still open, not from every approval a tenant ever had.
+            models.Index(
+                fields=["tenant", "expires_at"],
+                condition=Q(state__in=["issued", "expired"], superseded_at__isnull=True),
+                name="approval_unclaimed_expiry",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"approval {self.fingerprint or self.pk} ({self.state})"

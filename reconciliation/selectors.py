@@ -158,7 +158,8 @@ class QueueItem:
 
 # How many rows of each reason one page reads: the queue shows the oldest first, and a
 # queue longer than this is an incident of its own (the counts say how long it is).
-QUEUE_LIMIT = 200
+# Rows the queue lists, oldest first; its counts say how many there are in all.
+QUEUE_LIMIT = 50
 
 
 def _queue_querysets(
@@ -168,11 +169,14 @@ def _queue_querysets(
     stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
     approvals = Approval.objects.filter(
+    # Never claimed: a claim consumes the approval and creates its command in one
+    # transaction, so an issued or expired approval has none, and the query need not
+    # anti-join every command (which made PostgreSQL hash all of them): it reads the
+    # approval_unclaimed_expiry index, oldest first.
         tenant_id__in=tenant_ids,
         state__in=[Approval.State.ISSUED, Approval.State.EXPIRED],
         expires_at__lte=now,
         superseded_at__isnull=True,
-        command__isnull=True,
     )
     interruptions = Interruption.objects.filter(
         command__tenant_id__in=tenant_ids, resolved_at__isnull=True
@@ -218,10 +222,13 @@ def queue_items(
     now: datetime,
     reason: str = "",
     tool_id: int | None = None,
-    limit: int = QUEUE_LIMIT,
+    limit: int | None = None,
+    counts: dict[str, int] | None = None,
 ) -> list[QueueItem]:
     """What needs a person, oldest first: one query per reason, with the occurrence, its
-    tool, tenant and current proposal (for the amount read for people)."""
+    tool, tenant and current proposal (for the amount read for people). Given the
+    ``queue_counts`` just read, a reason with nothing in it is not asked again."""
+    limit = QUEUE_LIMIT if limit is None else limit
     items: list[QueueItem] = []
     current = Prefetch(
         "occurrence__proposals",
@@ -229,7 +236,7 @@ def queue_items(
         to_attr="current_proposals",
     )
     for name, (queryset, since_field) in _queue_querysets(tenant_ids, now, tool_id).items():
-        if reason and name != reason:
+        if (reason and name != reason) or (counts is not None and not counts.get(name)):
             continue
         if name == Reason.INTERRUPTED:
             rows = (

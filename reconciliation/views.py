@@ -47,15 +47,18 @@ def queue(request: HttpRequest) -> HttpResponse:
     tenant_ids = [t.pk for t in tenants]
     counts = selectors.queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
     items = selectors.queue_items(
-        tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool)
+        tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool), counts=counts
     )
     total = sum(counts.values())
+    matching = counts[reason] if reason else total
     query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
     context = {
         **links,
         "rows": presenters.queue_rows(items, now),
         "counts": [(r, selectors.Reason.LABELS[r], counts[r]) for r in selectors.Reason.ORDER],
         "total": total,
+        # The queue lists the oldest QUEUE_LIMIT; the rest wait their turn (or a filter).
+        "unlisted": max(matching - len(items), 0),
         "reason": reason,
         "tool": tool,
         "reason_choices": presenters.REASON_CHOICES,

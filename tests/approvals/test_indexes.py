@@ -4,12 +4,15 @@ index if, and only if, the query's conditions imply the index's."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from approvals import selectors
-from approvals.models import Command, Occurrence
+from approvals.models import Approval, Command, Occurrence
 from tests.conftest import Runtime
 
 pytestmark = pytest.mark.skipif(
@@ -36,3 +39,24 @@ def test_the_effect_line_reads_the_commands_effect_index(
         selectors.effect_evidence(occurrence, command)
     (query,) = queries.captured_queries
     assert "audit_command_effects" in plan_of(query["sql"])
+
+
+def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
+    runtime: Runtime, approved: str
+) -> None:
+    # The operations queue (reconciliation) reads approvals through an approvals index.
+    from reconciliation import selectors as operations
+
+    Approval.objects.filter(occurrence_id=approved).update(
+        issued_at=timezone.now() - timedelta(hours=1),
+        expires_at=timezone.now() - timedelta(minutes=1),
+    )
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as queries:
+        counts = operations.queue_counts(tenant_ids=[runtime.key.tenant_id], now=now)
+        items = operations.queue_items(tenant_ids=[runtime.key.tenant_id], now=now, counts=counts)
+    assert counts[operations.Reason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
+    reads = [q["sql"] for q in queries.captured_queries if 'FROM "approvals_approval"' in q["sql"]]
+    assert len(reads) == 2  # the count and the rows
+    for sql in reads:
+        assert "approval_unclaimed_expiry" in plan_of(sql), sql

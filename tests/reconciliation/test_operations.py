@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Command, Epoch, Membership
+from reconciliation import selectors
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
 from tests.conftest import PASSWORD, Runtime, approve, make_user
@@ -383,3 +384,50 @@ def test_an_unknown_action_is_404(
 ) -> None:
     command = unknown_message(runtime, reviewer, remote)
     assert act(ops, command, "delete").status_code == 404
+
+
+def _expired_unclaimed(runtime: Runtime, reviewer: Any, ref: str, minutes_ago: int) -> str:
+    occurrence_id: str = runtime.propose(client_ref=ref).json()["occurrence_id"]
+    approve(occurrence_id, reviewer)
+    Approval.objects.filter(occurrence_id=occurrence_id).update(
+        issued_at=timezone.now() - timedelta(hours=2),
+        expires_at=timezone.now() - timedelta(minutes=minutes_ago),
+    )
+    return occurrence_id
+
+
+def test_the_queue_lists_the_oldest_and_says_how_many_more_wait(
+    runtime: Runtime, reviewer: Any, ops: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selectors, "QUEUE_LIMIT", 2)
+    oldest, middle, newest = (
+        _expired_unclaimed(runtime, reviewer, f"e{n}", minutes)
+        for n, minutes in enumerate((30, 20, 10))
+    )
+    page = ops.get("/operations/").content.decode()
+    assert "<strong>3</strong> approval expired unclaimed" in page
+    assert oldest in page and middle in page and newest not in page
+    assert "The oldest 2 are listed; 1 more waits behind them." in page
+    only = ops.get("/operations/?reason=expired_unclaimed").content.decode()
+    assert "1 more waits behind them" in only
+    assert "more wait" not in ops.get("/operations/?reason=outcome_unknown").content.decode()
+
+
+def test_the_queue_asks_only_for_the_rows_of_reasons_with_items(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    with CaptureQueriesContext(connection) as empty:
+        assert "Nothing needs a person" in ops.get("/operations/").content.decode()
+    _expired_unclaimed(runtime, reviewer, "e1", 5)
+    with CaptureQueriesContext(connection) as one:
+        page = ops.get("/operations/").content.decode()
+    assert "<strong>1</strong> approval expired unclaimed" in page
+    # The same counts, then one reason's rows (with their current proposals), no others.
+    assert len(one) == len(empty) + 2
+    rows = [
+        q["sql"]
+        for q in one.captured_queries
+        if q["sql"].startswith("SELECT") and "LIMIT" in q["sql"]
+    ]
+    assert len([sql for sql in rows if 'FROM "approvals_approval"' in sql]) == 1
+    assert not [sql for sql in rows if sql.startswith('SELECT "approvals_command".')]
