@@ -699,23 +699,18 @@ def inbox_occurrences(
 @functools.cache
 def _inbox_queryset() -> QuerySet[Occurrence]:
     """Built once per process, as the review page's are (below); each request filters a copy."""
-    return (
-        Occurrence.objects.prefetch_related(
-            Prefetch(
-                "proposals",
-                queryset=Proposal.objects.filter(is_current=True).annotate(
-                    votes_count=Count("votes")
-                ),
-                to_attr="current_proposals",
-            ),
-            Prefetch(
-                "approvals",
-                queryset=Approval.objects.filter(proposal__is_current=True),
-                to_attr="current_approvals",
-            ),
-        )
-        .order_by("-created_at", "-pk")
-    )
+    return Occurrence.objects.prefetch_related(
+        Prefetch(
+            "proposals",
+            queryset=Proposal.objects.filter(is_current=True).annotate(votes_count=Count("votes")),
+            to_attr="current_proposals",
+        ),
+        Prefetch(
+            "approvals",
+            queryset=Approval.objects.filter(proposal__is_current=True),
+            to_attr="current_approvals",
+        ),
+    ).order_by("-created_at", "-pk")
 
 
 @dataclass(frozen=True)

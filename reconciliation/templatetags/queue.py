@@ -27,8 +27,7 @@ def queue_row(row: QueueRow, show_tenant: bool) -> SafeString:
     tool = _html(occurrence.tool.name)
     since = timezone.localtime(item.since)
     money = "".join(
-        f'<span class="money-chip"><strong>{_html(line.text)}</strong></span>'
-        for line in row.money
+        f'<span class="money-chip"><strong>{_html(line.text)}</strong></span>' for line in row.money
     )
     tenant = f"<td>{_html(occurrence.tenant.name)}</td>" if show_tenant else ""
     href = _html(reverse("reconciliation:timeline", args=[occurrence.pk]))
