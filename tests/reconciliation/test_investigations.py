@@ -836,3 +836,55 @@ def test_queries_do_not_grow_with_rows(
         assert status == 200
         assert "exec-r5" in page and "m-d5" in page
         assert len(queries) == few[q], q
+
+
+# --- the chain's rows, rendered in Python (reconciliation/templatetags/investigation.py) ---
+
+
+def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() -> None:
+    from django.utils.safestring import SafeString
+
+    from approvals.presenters import reveal_html
+    from reconciliation.investigations import ChainRow
+    from reconciliation.templatetags.investigation import chain_row
+
+    at = datetime(2026, 12, 1, 9, 8, 7, 654321, tzinfo=UTC)
+    event = ChainRow(
+        at=at,
+        kind="claim.replayed",
+        outcome="replayed · consumed_by_other_execution",
+        fingerprint="fp_1234abcd",
+        execution=reveal_html('exec-<script>alert("x")</script>'),
+        message=SafeString(""),
+        command_id="0ea770c8-cc7d-4189-83d0-c9e8587e8a09",
+        event_id="evt-<1>",
+        origin="runtime <key>",
+        deliveries=3,
+        flag="security",
+        tenant="Acme & Co",
+    )
+    html = chain_row(event, show_tenant=True)
+    assert html.startswith(
+        '<tr class="chain-row chain-row--security" data-event-id="evt-&lt;1&gt;">'
+    )
+    assert (
+        '<td class="nowrap">09:08:07.654 <span class="muted small">2026-12-01</span></td>' in html
+    )
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert '<td><code class="agent-text small">—</code></td>' in html  # no message id
+    assert (
+        '<code class="mono small" title="0ea770c8-cc7d-4189-83d0-c9e8587e8a09">0ea770c8…</code>'
+        in html
+    )
+    assert 'runtime &lt;key&gt; <span class="flag flag--duplicate">delivered \u00d73</span>' in html
+    assert html.endswith("<td>Acme &amp; Co</td></tr>")
+
+    invocation = dataclasses.replace(
+        event, event_id="", fingerprint="", command_id="", deliveries=1, flag="", outcome=""
+    )
+    html = chain_row(invocation, show_tenant=False)
+    assert html.startswith('<tr class="chain-row">')
+    assert '<span class="muted small">adapter row</span>' in html
+    assert '<td><code class="codes">—</code></td>' in html
+    assert html.count('<span class="muted">—</span>') == 2  # fingerprint, command
+    assert "delivered" not in html and "Acme" not in html
