@@ -73,6 +73,7 @@ HOT_ISSUED = 11
 HOT_EVENTS_AT_SCALE_1 = 5_000
 TENANT_SLUG = "bench"
 REVIEWER = "bench-reviewer"
+OPERATOR = "bench-operator"
 
 # --- the baseline: a trivial template through the same stack --------------------------
 
@@ -332,6 +333,14 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
     return Seeded(hot, occurrences, proposals, events, seconds, reused=False), reviewer
 
 
+def operator_of(reviewer: Any) -> Any:
+    """The bench's operator, in the reviewer's tenant (added to a kept database too)."""
+    user, _ = get_user_model().objects.get_or_create(username=OPERATOR)
+    tenant_id = Membership.objects.filter(user=reviewer).values_list("tenant_id", flat=True)[0]
+    Membership.objects.get_or_create(user=user, tenant_id=tenant_id, role=Membership.Role.OPERATOR)
+    return user
+
+
 class StaleBenchDatabase(Exception):
     """A kept bench database seeded at another scale (or by an older bench)."""
 
@@ -370,6 +379,8 @@ class Page:
     # A poll's 200 replaces the polling element, and with it the URL of the next poll (its
     # stamp): a page that changed, or whose stamp includes the minute, polls as htmx would.
     follows_poll: bool = False
+    # Requested by the bench's operator (the operations console and investigations).
+    as_operator: bool = False
 
 
 @dataclass
@@ -450,6 +461,24 @@ def pages(client: Client) -> list[Page]:
     # A final state does not poll; a pending or issued page does, every couple of seconds.
     result += _poll(client, f"/reviews/{edited}/", "panel poll, unchanged")
     result += _poll(client, f"/reviews/{HOT_ISSUED_ID}/", "panel poll, long history")
+    # The operators' pages: the queue (every approval the seed left issued has expired
+    # unclaimed: a tenth of all), the long history's timeline, and an investigation of
+    # one of its refused replays (the chain reads the newest 500 of its events).
+    result += [
+        Page("operations queue", "/operations/", {}, as_operator=True),
+        Page(
+            "operations, long history",
+            f"/operations/occurrences/{HOT_OCCURRENCE_ID}/",
+            {},
+            as_operator=True,
+        ),
+        Page(
+            "investigation, replayed token",
+            "/investigations/?q=exec-replay-7",
+            {},
+            as_operator=True,
+        ),
+    ]
     return result
 
 
@@ -560,12 +589,22 @@ def main(argv: list[str] | None = None) -> int:
             seeded, reviewer = prepare(args.scale)
         client = Client()
         client.force_login(reviewer)
+        operator = Client()
+        operator.force_login(operator_of(reviewer))
         try:
             # Finding the pages rendered each once: the process is now as warm as a served
             # worker after its first requests, and freezes its heap as a worker does.
             to_measure = pages(client)
+            for page in to_measure:
+                if page.as_operator:
+                    operator.get(page.path)
             freeze_startup_heap()
-            results = [measure(client, page, args.iterations, args.warmup) for page in to_measure]
+            results = [
+                measure(
+                    operator if page.as_operator else client, page, args.iterations, args.warmup
+                )
+                for page in to_measure
+            ]
         except PageError as exc:
             print(f"page_bench: {exc}", file=sys.stderr)
             return 1

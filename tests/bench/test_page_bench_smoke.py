@@ -59,6 +59,10 @@ def test_page_bench_prints_its_table_at_tiny_scale() -> None:
         "inbox poll, unchanged (htmx)",
         "panel poll, unchanged (htmx)",
         "panel poll, long history (htmx)",
+        # The operators' pages, as the bench's operator.
+        "operations queue",
+        "operations, long history",
+        "investigation, replayed token",
     ]
     for label in labels:
         row = next((line for line in out.splitlines() if line.startswith(label)), None)
