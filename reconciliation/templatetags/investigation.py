@@ -13,7 +13,7 @@ from django import template
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.templatetags.rows import _html
+from approvals.templatetags.rows import cell_html
 from reconciliation.investigations import ChainRow
 
 register = template.Library()
@@ -24,25 +24,27 @@ TIMES = "\u00d7"  # the multiplication sign of "delivered x3"
 
 def _or_dash(value: str) -> str:
     """The value escaped, or an em dash for an empty one (``|default:"—"``)."""
-    return _html(value) if value else "—"
+    return cell_html(value) if value else "—"
 
 
 @register.simple_tag
 def chain_row(row: ChainRow, show_tenant: bool) -> SafeString:
     at = timezone.localtime(row.at)
-    flag = f" chain-row--{_html(row.flag)}" if row.flag else ""
-    event_id = f' data-event-id="{_html(row.event_id)}"' if row.event_id else ""
+    flag = f" chain-row--{cell_html(row.flag)}" if row.flag else ""
+    event_id = f' data-event-id="{cell_html(row.event_id)}"' if row.event_id else ""
     fingerprint = (
-        f'<code class="fingerprint">{_html(row.fingerprint)}</code>' if row.fingerprint else DASH
+        f'<code class="fingerprint">{cell_html(row.fingerprint)}</code>'
+        if row.fingerprint
+        else DASH
     )
     command = (
-        f'<code class="mono small" title="{_html(row.command_id)}">'
-        f"{_html(row.command_id[:8])}…</code>"
+        f'<code class="mono small" title="{cell_html(row.command_id)}">'
+        f"{cell_html(row.command_id[:8])}…</code>"
         if row.command_id
         else DASH
     )
     producer = (
-        f'<code class="small id">{_html(row.event_id)}</code>'
+        f'<code class="small id">{cell_html(row.event_id)}</code>'
         if row.event_id
         else '<span class="muted small">adapter row</span>'
     )
@@ -51,19 +53,19 @@ def chain_row(row: ChainRow, show_tenant: bool) -> SafeString:
         if row.deliveries > 1
         else ""
     )
-    tenant = f"<td>{_html(row.tenant)}</td>" if show_tenant else ""
-    return mark_safe(  # noqa: S308 - every value above went through _html
+    tenant = f"<td>{cell_html(row.tenant)}</td>" if show_tenant else ""
+    return mark_safe(  # noqa: S308 - every value above went through cell_html
         f'<tr class="chain-row{flag}"{event_id}>'
         f'<td class="nowrap">{f"{at:%H:%M:%S.%f}"[:12]} '
         f'<span class="muted small">{at:%Y-%m-%d}</span></td>'
-        f'<td><code class="event-kind">{_html(row.kind)}</code></td>'
+        f'<td><code class="event-kind">{cell_html(row.kind)}</code></td>'
         f'<td><code class="codes">{_or_dash(row.outcome)}</code></td>'
         f"<td>{fingerprint}</td>"
         f'<td><code class="agent-text">{_or_dash(row.execution)}</code></td>'
         f'<td><code class="agent-text small">{_or_dash(row.message)}</code></td>'
         f"<td>{command}</td>"
         f"<td>{producer}</td>"
-        f'<td class="nowrap">{_html(row.origin)}{delivered}</td>'
+        f'<td class="nowrap">{cell_html(row.origin)}{delivered}</td>'
         f"{tenant}"
         "</tr>"
     )

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.templatetags.rows import _html
+from approvals.templatetags.rows import cell_html
 from reconciliation.presenters import QueueRow
 
 register = template.Library()
@@ -24,23 +24,24 @@ NO_AMOUNT = '<span class="muted">—</span>'
 def queue_row(row: QueueRow, show_tenant: bool) -> SafeString:
     item = row.item
     occurrence = item.occurrence
-    tool = _html(occurrence.tool.name)
+    tool = cell_html(occurrence.tool.name)
     since = timezone.localtime(item.since)
     money = "".join(
-        f'<span class="money-chip"><strong>{_html(line.text)}</strong></span>' for line in row.money
+        f'<span class="money-chip"><strong>{cell_html(line.text)}</strong></span>'
+        for line in row.money
     )
-    tenant = f"<td>{_html(occurrence.tenant.name)}</td>" if show_tenant else ""
-    href = _html(reverse("reconciliation:timeline", args=[occurrence.pk]))
-    label = _html(item.reason_label)
-    return mark_safe(  # noqa: S308 - every value above went through _html
-        f'<tr data-item="{_html(item.key)}">'
+    tenant = f"<td>{cell_html(occurrence.tenant.name)}</td>" if show_tenant else ""
+    href = cell_html(reverse("reconciliation:timeline", args=[occurrence.pk]))
+    label = cell_html(item.reason_label)
+    return mark_safe(  # noqa: S308 - every value above went through cell_html
+        f'<tr data-item="{cell_html(item.key)}">'
         f'<td class="nowrap"><time datetime="{since.isoformat()}" '
-        f'title="{since:%Y-%m-%d %H:%M:%S} UTC">{_html(row.age)}</time></td>'
-        f'<td><span class="badge badge--reason-{_html(item.reason)}">{label}</span></td>'
+        f'title="{since:%Y-%m-%d %H:%M:%S} UTC">{cell_html(row.age)}</time></td>'
+        f'<td><span class="badge badge--reason-{cell_html(item.reason)}">{label}</span></td>'
         f'<td><code class="tool">{tool}</code></td>'
         f"<td>{money or NO_AMOUNT}</td>"
         f"{tenant}"
         f'<td><a class="button button--small" href="{href}">Open<span class="visually-hidden"> '
-        f"{tool}, {_html(item.reason_label.lower())}</span></a></td>"
+        f"{tool}, {cell_html(item.reason_label.lower())}</span></a></td>"
         "</tr>"
     )
