@@ -905,18 +905,24 @@ class HistoryLink:
     rel: str = ""
 
 
-def history_links(occurrence_id: Any, window: HistoryWindow) -> list[HistoryLink]:
+def history_links(
+    occurrence_id: Any, window: HistoryWindow, *, page: str = ""
+) -> list[HistoryLink]:
     """The history's pager: earlier and later windows by keyset cursor (the ids of the
-    first and last events shown), and the two ends, so that every event can be reached."""
+    first and last events shown), and the two ends, so that every event can be reached.
+    ``page`` is where the links lead, with its fragment (by default the review page's
+    ``#history``; the operations timeline pages the same events)."""
     events = window.events
     if window.earlier == 0 and window.later == 0:
         return []
-    page = reverse("approvals:review", args=[occurrence_id])
+    path, _, fragment = (
+        page or f"{reverse('approvals:review', args=[occurrence_id])}#history"
+    ).partition("#")
 
     def link(name: str, text: str, cursor: HistoryCursor, rel: str = "") -> HistoryLink:
         query = urlencode(cursor.query)
-        url = f"{page}?{query}#history" if query else f"{page}#history"
-        return HistoryLink(f"history-{name}", text, url, rel)
+        url = f"{path}?{query}" if query else path
+        return HistoryLink(f"history-{name}", text, f"{url}#{fragment}" if fragment else url, rel)
 
     oldest, latest = HistoryCursor(after=0), HistoryCursor()
     if not events:  # a cursor past either end

@@ -7,8 +7,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.urls import reverse
+
 from approvals.models import Approval, Command, Epoch
-from approvals.presenters import MoneyLine, age, money_lines
+from approvals.presenters import (
+    HistoryLink,
+    MoneyLine,
+    age,
+    history_caption,
+    history_links,
+    money_lines,
+)
 from approvals.selectors import approval_state
 from approvals.vocabulary import OPERATOR_PREFIX
 from reconciliation import adapters
@@ -212,19 +221,49 @@ def action_forms(command: Command | None, adapter: str) -> list[ActionForm]:
     return forms
 
 
-def timeline_rows(timeline: Timeline) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TimelineRow:
+    """One entry of the timeline, as ``{% timeline_entry %}`` renders it."""
+
+    at: datetime
+    kind: str
+    actor: str  # agent-supplied for events: shown revealed
+    id: str  # the producer's event id, or which invocation
+    summary: str
+    details: list[tuple[str, str]]  # values agent-supplied: shown revealed
+    flag: str  # "", "security" or "decision"
+
+
+def timeline_caption(timeline: Timeline) -> str:
+    """Which events the timeline shows out of how many, worded as the review page's
+    history is, and how many adapter invocations it merged in."""
+    caption = history_caption(timeline.history)
+    calls = sum(1 for entry in timeline.entries if entry.invocation is not None)
+    if not calls:
+        return caption
+    return f"{caption}, with {calls} adapter invocation{'' if calls == 1 else 's'}"
+
+
+def timeline_links(timeline: Timeline) -> list[HistoryLink]:
+    """The timeline's pager: the review page's, leading to this page's windows."""
+    occurrence_id = timeline.occurrence.pk
+    page = f"{reverse('reconciliation:timeline', args=[occurrence_id])}#timeline"
+    return history_links(occurrence_id, timeline.history, page=page)
+
+
+def timeline_rows(timeline: Timeline) -> list[TimelineRow]:
     rows = []
     for entry in timeline.entries:
         if entry.invocation is not None:
             inv = entry.invocation
             rows.append(
-                {
-                    "at": entry.at,
-                    "kind": f"invocation.{inv.kind}",
-                    "actor": "worker",
-                    "id": f"invocation {inv.number} (epoch {inv.epoch.number})",
-                    "summary": f"{inv.justification} → {inv.outcome or 'in flight'}",
-                    "details": [
+                TimelineRow(
+                    at=entry.at,
+                    kind=f"invocation.{inv.kind}",
+                    actor="worker",
+                    id=f"invocation {inv.number} (epoch {inv.epoch.number})",
+                    summary=f"{inv.justification} → {inv.outcome or 'in flight'}",
+                    details=[
                         (k, v)
                         for k, v in (
                             (
@@ -237,8 +276,8 @@ def timeline_rows(timeline: Timeline) -> list[dict[str, Any]]:
                         )
                         if v
                     ],
-                    "flag": "",
-                }
+                    flag="",
+                )
             )
             continue
         event = entry.event
@@ -257,15 +296,15 @@ def timeline_rows(timeline: Timeline) -> list[dict[str, Any]]:
         elif event.kind.startswith(OPERATOR_PREFIX):
             flag = "decision"
         rows.append(
-            {
-                "at": entry.at,
-                "kind": event.kind,
-                "actor": event.actor,
-                "id": str(event.event_id),
-                "summary": " · ".join(x for x in (event.decision, event.reason_code) if x),
-                "details": details,
-                "flag": flag,
-            }
+            TimelineRow(
+                at=entry.at,
+                kind=event.kind,
+                actor=event.actor,
+                id=str(event.event_id),
+                summary=" · ".join(x for x in (event.decision, event.reason_code) if x),
+                details=details,
+                flag=flag,
+            )
         )
     return rows
 

@@ -19,6 +19,7 @@ from approvals.models import (
     Proposal,
     Tenant,
 )
+from approvals.selectors import HistoryCursor, HistoryWindow, occurrence_history
 from reconciliation.models import (
     AdapterCredential,
     AdapterInvocation,
@@ -168,11 +169,11 @@ def _queue_querysets(
     """Per reason: the rows, and the field that says since when they need a person."""
     stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
-    approvals = Approval.objects.filter(
     # Never claimed: a claim consumes the approval and creates its command in one
     # transaction, so an issued or expired approval has none, and the query need not
     # anti-join every command (which made PostgreSQL hash all of them): it reads the
     # approval_unclaimed_expiry index, oldest first.
+    approvals = Approval.objects.filter(
         tenant_id__in=tenant_ids,
         state__in=[Approval.State.ISSUED, Approval.State.EXPIRED],
         expires_at__lte=now,
@@ -292,7 +293,10 @@ class TimelineEntry:
 @dataclass(frozen=True)
 class Timeline:
     occurrence: Occurrence
+    # One window of the audit events (``history``) merged with the adapter invocations
+    # that started within its span, ordered by time.
     entries: list[TimelineEntry]
+    history: HistoryWindow
     total_events: int
     commands: list[Command]
     epochs: list[Epoch]
@@ -303,11 +307,15 @@ class Timeline:
     credential_refreshed_at: datetime | None
 
 
-TIMELINE_LIMIT = 500
-
-
-def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline | None:
-    """Everything recorded about one occurrence, in a fixed number of queries."""
+def timeline_get(
+    *,
+    occurrence_id: uuid.UUID,
+    tenant_ids: list[int],
+    cursor: HistoryCursor | None = None,
+) -> Timeline | None:
+    """Everything recorded about one occurrence, in a fixed number of queries: its audit
+    events one window at a time (the newest unless ``cursor`` names another, as on the
+    review page), every other record whole."""
     occurrence = (
         Occurrence.objects.filter(pk=occurrence_id, tenant_id__in=tenant_ids)
         .select_related("tool", "tenant", "runtime_key")
@@ -347,10 +355,12 @@ def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline
         epoch.admission_record = admissions.get(epoch.pk)  # type: ignore[attr-defined]
     events_qs = AuditEvent.objects.filter(occurrence=occurrence)
     total = events_qs.count()
-    events = list(events_qs.order_by("-id")[:TIMELINE_LIMIT])
-    events.reverse()
-    entries = [TimelineEntry(e.source_time, e.kind, e, None) for e in events]
-    entries += [TimelineEntry(i.started_at, "invocation", None, i) for i in invocations]
+    window = occurrence_history(occurrence, cursor or HistoryCursor(), total=total)
+    entries = [TimelineEntry(e.source_time, e.kind, e, None) for e in window.events]
+    entries += [
+        TimelineEntry(i.started_at, "invocation", None, i)
+        for i in _invocations_in_window(invocations, window, events_qs)
+    ]
     entries.sort(key=lambda entry: (entry.at, entry.event.pk if entry.event else 0))
     adapter = occurrence.tool.adapter
     refreshed = (
@@ -363,7 +373,8 @@ def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline
     return Timeline(
         occurrence=occurrence,
         entries=entries,
-        total_events=total,
+        history=window,
+        total_events=window.total,
         commands=commands,
         epochs=epochs,
         invocations=invocations,
@@ -372,3 +383,31 @@ def timeline_get(*, occurrence_id: uuid.UUID, tenant_ids: list[int]) -> Timeline
         approvals=list(occurrence.approvals.all()),
         credential_refreshed_at=refreshed,
     )
+
+
+def _invocations_in_window(
+    invocations: list[AdapterInvocation],
+    window: HistoryWindow,
+    events: QuerySet[AuditEvent],
+) -> list[AdapterInvocation]:
+    """The invocations that started within the window's span: from its first event's time
+    (the oldest window: from the beginning) up to, not including, the time of the first
+    event after it (the newest window: without end). Adjacent windows share that bound, so
+    paging through a history shows each invocation once, next to the events around it.
+    One query for the bound, and none for the newest window."""
+    if not window.events:  # nothing at all yet, or a cursor past either end
+        return invocations if window.total == 0 else []
+    start = window.events[0].source_time if window.earlier else None
+    end = (
+        events.filter(id__gt=window.events[-1].pk)
+        .order_by("id")
+        .values_list("source_time", flat=True)
+        .first()
+        if window.later
+        else None
+    )
+    return [
+        i
+        for i in invocations
+        if (start is None or i.started_at >= start) and (end is None or i.started_at < end)
+    ]

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.models import Command, Tenant
-from approvals.selectors import console_access, parse_uuid, tool_ids
+from approvals.selectors import HistoryCursor, console_access, parse_uuid, tool_ids
 from approvals.services import ServiceError
 from approvals.views import console_login_required, header_links
 from reconciliation import operations, presenters, selectors
@@ -73,10 +73,14 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, TEMPLATE_QUEUE, context)
 
 
-def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any]:
+def _timeline_context(
+    request: HttpRequest, occurrence_id: Any, cursor: HistoryCursor | None = None
+) -> dict[str, Any]:
+    """The timeline page: one window of the events (``cursor``; the newest by default,
+    which is what the answer to a refused decision shows)."""
     tenants, links = _operator(request)
     timeline = selectors.timeline_get(
-        occurrence_id=occurrence_id, tenant_ids=[t.pk for t in tenants]
+        occurrence_id=occurrence_id, tenant_ids=[t.pk for t in tenants], cursor=cursor
     )
     if timeline is None:
         raise Http404("No such occurrence in your tenants.")
@@ -91,6 +95,8 @@ def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any
         "why": presenters.why_nothing_runs(timeline),
         "actions": presenters.action_forms(command, timeline.occurrence.tool.adapter),
         "rows": presenters.timeline_rows(timeline),
+        "timeline_caption": presenters.timeline_caption(timeline),
+        "timeline_links": presenters.timeline_links(timeline),
         "money": presenters.money_lines(
             next((p.arguments for p in timeline.occurrence.proposals.all() if p.is_current), {})
         ),
@@ -100,7 +106,10 @@ def _timeline_context(request: HttpRequest, occurrence_id: Any) -> dict[str, Any
 @require_GET
 @console_login_required
 def timeline(request: HttpRequest, occurrence_id: Any) -> HttpResponse:
-    return render(request, TEMPLATE_TIMELINE, _timeline_context(request, occurrence_id))
+    # The window of the events asked for with ?before= or ?after= (an event id, as on the
+    # review page); anything else is the newest.
+    cursor = HistoryCursor.parse(request.GET.get("before"), request.GET.get("after"))
+    return render(request, TEMPLATE_TIMELINE, _timeline_context(request, occurrence_id, cursor))
 
 
 @require_POST
