@@ -80,9 +80,9 @@ def parse_wait(raw: str) -> int | None:
 
 def listen_conninfo() -> str | None:
     """The default database's connection string, or None when it cannot LISTEN (SQLite)."""
-    database = connections["default"].settings_dict
-    if database["ENGINE"] != "django.db.backends.postgresql":
+    if connections["default"].vendor != "postgresql":
         return None
+    database = connections["default"].settings_dict
     params: dict[str, Any] = {
         "dbname": database.get("NAME") or None,
         "user": database.get("USER") or None,

@@ -222,6 +222,10 @@ if SERVED_BY_ASGI and DATABASES["default"]["ENGINE"] == "django.db.backends.post
         "max_size": env_int("DB_POOL_MAX", 10, minimum=1),
         "timeout": env_int("DB_POOL_TIMEOUT", 10, minimum=1),
     }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, with timestamps parsed by Python's C ISO parser instead of Django's
+    # pure-Python loader (config/postgresql/base.py).
+    DATABASES["default"]["ENGINE"] = "config.postgresql"
 # Seconds a client is asked to wait (Retry-After) when the database is unavailable: the
 # API answers 503 database_unavailable and the console a "temporarily unavailable" page.
 DATABASE_RETRY_AFTER_SECONDS = env_int("DATABASE_RETRY_AFTER_SECONDS", 5, minimum=1)
