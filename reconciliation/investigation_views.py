@@ -53,6 +53,8 @@ def investigation(request: HttpRequest) -> HttpResponse:
                     found,
                     operator_tenant_ids=access.operator_tenant_ids,
                     show_tenant=len(access.tenant_ids) > 1,
+                    # ?steps=all: every step read, not only the newest and the decisive.
+                    every_step=request.GET.get("steps") == "all",
                 )
             )
     return render(request, TEMPLATE, context)

@@ -28,8 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
-from django.db.models import Prefetch, Q
+from django.db.models import F, Prefetch, Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -342,9 +343,11 @@ def _plural(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _listing(items: list[str], most: int = 5) -> str:
+def _listing(items: list[str], most: int = 5, *, total: int | None = None) -> str:
+    """The first ``most`` items, and how many more of ``total`` (``len(items)``) there are:
+    a caller with hundreds of items may pass only the first ``most``, formatted."""
     shown = items[:most]
-    rest = len(items) - len(shown)
+    rest = (len(items) if total is None else total) - len(shown)
     return "; ".join(shown) + (f"; and {rest} more" if rest else "")
 
 
@@ -644,11 +647,11 @@ def _control_working(index: _Index, excluded_fps: set[FpKey]) -> list[str]:
         attempts = [
             f"{e.execution_id or 'an unnamed execution'} at {_at(e.source_time)}"
             f" ({e.decision}{', ' + e.reason_code if e.reason_code else ''})"
-            for e in replays
+            for e in replays[:5]
         ]
         lines.append(
             f"{_plural(len(replays), 'attempt')} by other executions refused as replayed: "
-            f"{_listing(attempts)}."
+            f"{_listing(attempts, total=len(replays))}."
         )
         others = [e for e in refused if e.decision != REPLAYED]
         if others:
@@ -790,7 +793,6 @@ class Investigation:
     query: str
     facts: Facts
     occurrences: list[Occurrence]
-    events: list[AuditEvent]  # as shown in the chain, oldest first
     invocations: list[AdapterInvocation]
     commands: list[Command]
     limited: bool  # the id named more occurrences than one page gathers
@@ -815,7 +817,7 @@ def investigation_get(
     fingerprints and commands whose records are then read together."""
     now = now or timezone.now()
     pk = parse_uuid(q) if q else None
-    empty = Investigation(q, Facts(), [], [], [], [], False)
+    empty = Investigation(q, Facts(), [], [], [], False)
     if not q or not tenant_ids:
         return empty
 
@@ -906,18 +908,36 @@ def investigation_get(
         | Q(command_id__in=command_ids, ingestion__isnull=False)
     )
     total = chain.count()
+    # Read as plain values, never as models: a chain of hundreds of events is read on every
+    # request, and building (and decoding the payload of) each model cost more than the
+    # query. Only an effect's receipt is read from the payload.
+    rows: QuerySet[AuditEvent, tuple[Any, ...]] = chain.annotate(
+        receipt_value=F("data__receipt")
+    ).values_list(*_EVENT_COLUMNS)
     decisive = list(
-        chain.filter(Q(decision=APPROVED) | Q(kind=COMMITTED_KIND)).order_by("id")[:DECISIVE_LIMIT]
+        rows.filter(Q(decision=APPROVED) | Q(kind=COMMITTED_KIND)).order_by("id")[:DECISIVE_LIMIT]
     )
-    newest = list(chain.order_by("-id")[:EVENT_LIMIT])
-    events = sorted({e.pk: e for e in decisive + newest}.values(), key=lambda e: e.pk)
-    deliveries = list(
-        AuditDuplicateDelivery.objects.filter(
-            tenant_id__in=tenant_ids, original_id__in=[e.pk for e in events]
+    newest = list(rows.order_by("-id")[:EVENT_LIMIT])
+    events = sorted(
+        {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
+        key=lambda e: e.pk,
+    )
+    # The later deliveries of the events read. Named by the chain's own condition, not by
+    # a list of hundreds of ids (whose parameters cost more than the query): the newest
+    # events read are the chain's events between the oldest and the newest of them.
+    read = Q(pk__in=[row[0] for row in decisive])
+    if newest:
+        read |= Q(pk__gte=newest[-1][0], pk__lte=newest[0][0])
+    read_pks = {e.pk for e in events}
+    deliveries = [
+        d
+        for d in AuditDuplicateDelivery.objects.filter(
+            tenant_id__in=tenant_ids, original__in=chain.filter(read).values("pk")
         )
         .select_related("ingestion")
         .order_by("id")
-    )
+        if d.original_id in read_pks  # an event written since is not in the facts
+    ]
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
     fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}
@@ -973,7 +993,7 @@ def investigation_get(
             )
             for d in decisions
         ),
-        events=tuple(event_fact(e) for e in events),
+        events=tuple(events),
         deliveries=tuple(
             DeliveryFact(
                 original_pk=d.original_id,
@@ -987,29 +1007,53 @@ def investigation_get(
         ),
         events_total=total,
     )
-    return Investigation(q, facts, occurrences, events, invocations, commands, limited)
+    return Investigation(q, facts, occurrences, invocations, commands, limited)
 
 
-def event_fact(event: AuditEvent) -> EventFact:
-    data = event.data if isinstance(event.data, dict) else {}
-    receipt = data.get("receipt") if event.kind.startswith(vocabulary.EFFECT_PREFIX) else None
+# What ``EventFact`` holds, in the order ``_event_fact_of_row`` reads it.
+_EVENT_COLUMNS = (
+    "pk",
+    "event_id",
+    "kind",
+    "tenant_id",
+    "source_time",
+    "token_fingerprint",
+    "decision",
+    "reason_code",
+    "execution_id",
+    "message_id",
+    "command_id",
+    "occurrence_id",
+    "actor",
+    "receipt_value",  # the payload's "receipt", decoded, or None
+    "ingestion_id",
+    "ingested_at",
+)
+
+
+def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
+    (pk, event_id, kind, tenant_id, source_time, fingerprint, decision, reason_code) = row[:8]
+    (execution_id, message_id, command_id, occurrence_id, actor, receipt) = row[8:14]
     return EventFact(
-        pk=event.pk,
-        event_id=str(event.event_id),
-        kind=event.kind,
-        tenant_id=event.tenant_id,
-        source_time=event.source_time,
-        fingerprint=event.token_fingerprint,
-        decision=event.decision,
-        reason_code=event.reason_code,
-        execution_id=event.execution_id,
-        message_id=event.message_id,
-        command_id=_text(event.command_id),
-        occurrence_id=_text(event.occurrence_id),
-        actor=event.actor,
-        receipt=receipt if isinstance(receipt, str) else "",
-        ingestion_id=event.ingestion_id,
-        ingested_at=event.ingested_at,
+        pk=pk,
+        event_id=str(event_id),
+        kind=kind,
+        tenant_id=tenant_id,
+        source_time=source_time,
+        fingerprint=fingerprint,
+        decision=decision,
+        reason_code=reason_code,
+        execution_id=execution_id,
+        message_id=message_id,
+        command_id=_text(command_id),
+        occurrence_id=_text(occurrence_id),
+        actor=actor,
+        # Only an effect event's receipt names an effect.
+        receipt=receipt
+        if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX)
+        else "",
+        ingestion_id=row[14],
+        ingested_at=row[15],
     )
 
 
@@ -1087,15 +1131,15 @@ def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iter
     return reverse("approvals:review", args=[occurrence_id])
 
 
-def _event_outcome(event: AuditEvent, receipt: str) -> str:
+def _event_outcome(event: EventFact) -> str:
     parts = [p for p in (event.decision, event.reason_code) if p]
     text = " · ".join(dict.fromkeys(parts))
-    if receipt:
-        text += f" · receipt {receipt}"
+    if event.receipt:
+        text += f" · receipt {event.receipt}"
     return text
 
 
-def _event_flag(event: AuditEvent, deliveries: int) -> str:
+def _event_flag(event: EventFact, deliveries: int) -> str:
     if deliveries > 1:
         return "duplicate"
     if event.decision in REFUSALS:
@@ -1109,62 +1153,110 @@ def _event_flag(event: AuditEvent, deliveries: int) -> str:
     return ""
 
 
-def chain_rows(found: Investigation, tenant_names: dict[int, str]) -> list[ChainRow]:
+# The newest steps a long chain shows; the steps before them are summarized, except those
+# the verdict rests on (flags below, and every adapter call), which are always shown.
+CHAIN_WINDOW = 100
+_ALWAYS_SHOWN_FLAGS = ("approved", "effect", "duplicate")
+
+
+@dataclass(frozen=True)
+class ChainGap:
+    """Consecutive steps of the chain that are not shown: how many, of which kinds."""
+
+    hidden: int
+    kinds: str  # "380 claim.replayed, 5 claim.duplicate_delivery"
+
+
+@dataclass(frozen=True)
+class Chain:
+    rows: list[ChainRow | ChainGap]  # oldest first
+    steps: int  # the steps read: events and adapter invocations
+    shown: int
+
+    @property
+    def hidden(self) -> int:
+        return self.steps - self.shown
+
+
+def _kinds(counter: Counter[str], most: int = 3) -> str:
+    ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+    text = ", ".join(f"{n} {kind}" for kind, n in ranked[:most])
+    rest = sum(n for _, n in ranked[most:])
+    return text + (f", {rest} of other kinds" if rest else "")
+
+
+def chain_rows(
+    found: Investigation, tenant_names: dict[int, str], *, every_step: bool = False
+) -> Chain:
+    """The chain's steps, oldest first. A chain longer than ``CHAIN_WINDOW`` steps shows its
+    newest ``CHAIN_WINDOW`` and, before them, only what the verdict rests on (approved
+    claims, effects, events delivered more than once, adapter calls); each run of steps left
+    out becomes one ``ChainGap``. ``every_step`` shows them all."""
     later = Counter(d.original_pk for d in found.facts.deliveries)
-    facts = {f.pk: f for f in found.facts.events}
-    rows: list[tuple[datetime, int, ChainRow]] = []
-    for event in found.events:
-        fact = facts[event.pk]
+    # (time, tie-break, the step, its deliveries, its flag): rows are built for shown ones.
+    steps: list[tuple[datetime, int, EventFact | AdapterInvocation, int, str]] = []
+    for event in found.facts.events:
         deliveries = 1 + later.get(event.pk, 0)
-        rows.append(
-            (
-                event.source_time,
-                event.pk,
-                ChainRow(
-                    at=event.source_time,
-                    kind=event.kind,
-                    outcome=_event_outcome(event, fact.receipt),
-                    fingerprint=event.token_fingerprint,
-                    execution=reveal_html(event.execution_id),
-                    message=reveal_html(event.message_id),
-                    command_id=_text(event.command_id),
-                    event_id=str(event.event_id),
-                    origin="console"
-                    if event.ingestion_id is None
-                    else f"batch #{event.ingestion_id}",
-                    deliveries=deliveries,
-                    flag=_event_flag(event, deliveries),
-                    tenant=tenant_names.get(event.tenant_id, ""),
-                ),
-            )
+        steps.append(
+            (event.source_time, event.pk, event, deliveries, _event_flag(event, deliveries))
         )
-    tenant_of_command = {c.pk: c.tenant_id for c in found.commands}
     for invocation in found.invocations:
-        outcome = invocation.outcome or "unfinished"
-        if invocation.receipt:
-            outcome += f" · receipt {invocation.receipt}"
-        rows.append(
-            (
-                invocation.started_at,
-                0,
+        flag = "effect" if invocation.receipt else ""
+        steps.append((invocation.started_at, 0, invocation, 1, flag))
+    steps.sort(key=lambda step: (step[0], step[1]))
+
+    window_start = 0 if every_step else max(0, len(steps) - CHAIN_WINDOW)
+    tenant_of_command = {c.pk: c.tenant_id for c in found.commands}
+    rows: list[ChainRow | ChainGap] = []
+    hidden: Counter[str] = Counter()
+    shown = 0
+    for n, (at, _, step, deliveries, flag) in enumerate(steps):
+        is_invocation = isinstance(step, AdapterInvocation)
+        if n < window_start and not is_invocation and flag not in _ALWAYS_SHOWN_FLAGS:
+            hidden[step.kind] += 1
+            continue
+        if hidden:
+            rows.append(ChainGap(hidden.total(), _kinds(hidden)))
+            hidden = Counter()
+        shown += 1
+        if isinstance(step, AdapterInvocation):
+            outcome = step.outcome or "unfinished"
+            if step.receipt:
+                outcome += f" · receipt {step.receipt}"
+            rows.append(
                 ChainRow(
-                    at=invocation.started_at,
-                    kind=f"invocation.{invocation.kind} #{invocation.number}",
-                    outcome=f"{outcome} · {invocation.justification}",
+                    at=at,
+                    kind=f"invocation.{step.kind} #{step.number}",
+                    outcome=f"{outcome} · {step.justification}",
                     fingerprint="",
-                    execution=reveal_html(invocation.epoch.execution_id),
-                    message=reveal_html(invocation.message_id),
-                    command_id=str(invocation.command_id),
+                    execution=reveal_html(step.epoch.execution_id),
+                    message=reveal_html(step.message_id),
+                    command_id=str(step.command_id),
                     event_id="",
                     origin="adapter",
                     deliveries=1,
-                    flag="effect" if invocation.receipt else "",
-                    tenant=tenant_names.get(tenant_of_command.get(invocation.command_id, 0), ""),
-                ),
+                    flag=flag,
+                    tenant=tenant_names.get(tenant_of_command.get(step.command_id, 0), ""),
+                )
+            )
+            continue
+        rows.append(
+            ChainRow(
+                at=at,
+                kind=step.kind,
+                outcome=_event_outcome(step),
+                fingerprint=step.fingerprint,
+                execution=reveal_html(step.execution_id),
+                message=reveal_html(step.message_id),
+                command_id=step.command_id,
+                event_id=step.event_id,
+                origin="console" if step.ingestion_id is None else f"batch #{step.ingestion_id}",
+                deliveries=deliveries,
+                flag=flag,
+                tenant=tenant_names.get(step.tenant_id, ""),
             )
         )
-    rows.sort(key=lambda row: (row[0], row[1]))
-    return [row for _, _, row in rows]
+    return Chain(rows, len(steps), shown)
 
 
 def delivery_rows(found: Investigation) -> list[DeliveryRow]:
@@ -1191,8 +1283,17 @@ def delivery_rows(found: Investigation) -> list[DeliveryRow]:
     return rows
 
 
+def _investigation_url(q: str, *, every_step: bool) -> str:
+    query = {"q": q, "steps": "all"} if every_step else {"q": q}
+    return f"{reverse('reconciliation:investigations')}?{urlencode(query)}#chain-h"
+
+
 def investigation_page(
-    found: Investigation, *, operator_tenant_ids: Iterable[int], show_tenant: bool
+    found: Investigation,
+    *,
+    operator_tenant_ids: Iterable[int],
+    show_tenant: bool,
+    every_step: bool = False,
 ) -> dict[str, Any]:
     """What the template shows: the verdict first, then the chain and its parts."""
     operators = set(operator_tenant_ids)
@@ -1271,7 +1372,11 @@ def investigation_page(
         "occurrence_links": links,
         "approval_rows": approval_rows,
         "command_rows": command_rows,
-        "chain": chain_rows(found, tenant_names),
+        "chain": chain_rows(found, tenant_names, every_step=every_step),
+        "every_step": every_step,
+        "every_step_url": _investigation_url(found.query, every_step=True),
+        "fewer_steps_url": _investigation_url(found.query, every_step=False),
+        "chain_window": CHAIN_WINDOW,
         "deliveries": delivery_rows(found),
         "counts": counts,
         "effects": [
@@ -1279,6 +1384,6 @@ def investigation_page(
         ],
         "limited": found.limited,
         "show_tenant": show_tenant,
-        "events_shown": len(found.events),
+        "events_shown": len(facts.events),
         "events_total": facts.events_total,
     }

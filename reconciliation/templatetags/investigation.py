@@ -1,7 +1,7 @@
-"""``{% load investigation %}``: one step of an investigation's chain, as one ``<tr>``,
-rendered in Python.
+"""``{% load investigation %}``: one step of an investigation's chain (or one run of steps
+left out of a long chain), as one ``<tr>``, rendered in Python.
 
-A chain shows up to several hundred events (a runtime replaying a spent token thousands
+A chain shows a hundred steps and more (a runtime replaying a spent token thousands
 of times): rendered with template tags, the rows cost the page more than reading and
 judging the events did (as the inbox's did, see ``approvals/templatetags/rows.py``, whose
 escaping this shares).
@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals.templatetags.rows import cell_html
-from reconciliation.investigations import ChainRow
+from reconciliation.investigations import ChainGap, ChainRow
 
 register = template.Library()
 
@@ -27,8 +27,13 @@ def _or_dash(value: str) -> str:
     return cell_html(value) if value else "—"
 
 
+COLUMNS = 9  # without the tenant's
+
+
 @register.simple_tag
-def chain_row(row: ChainRow, show_tenant: bool) -> SafeString:
+def chain_row(row: ChainRow | ChainGap, show_tenant: bool, every_step_url: str = "") -> SafeString:
+    if isinstance(row, ChainGap):
+        return chain_gap(row, show_tenant, every_step_url)
     at = timezone.localtime(row.at)
     flag = f" chain-row--{cell_html(row.flag)}" if row.flag else ""
     event_id = f' data-event-id="{cell_html(row.event_id)}"' if row.event_id else ""
@@ -68,4 +73,14 @@ def chain_row(row: ChainRow, show_tenant: bool) -> SafeString:
         f'<td class="nowrap">{cell_html(row.origin)}{delivered}</td>'
         f"{tenant}"
         "</tr>"
+    )
+
+
+def chain_gap(gap: ChainGap, show_tenant: bool, every_step_url: str) -> SafeString:
+    steps = "step" if gap.hidden == 1 else "steps"
+    link = f' <a href="{cell_html(every_step_url)}">Show every step</a>' if every_step_url else ""
+    return mark_safe(  # noqa: S308 - every value above went through cell_html
+        f'<tr class="chain-gap"><td colspan="{COLUMNS + show_tenant}">'
+        f"<strong>{gap.hidden} earlier {steps} not shown</strong> "
+        f'<span class="muted">({cell_html(gap.kinds)})</span>.{link}</td></tr>'
     )

@@ -148,6 +148,18 @@ def test_control_working_one_approved_execution_and_replays_denied() -> None:
     assert not assessment.gaps
 
 
+def test_many_replays_list_the_first_five_and_count_the_rest() -> None:
+    replays = [
+        event("claim.replayed", execution_id=f"exec-r{n}", command_id="") for n in range(7)
+    ]
+    [verdict] = assess(console_claim(*replays)).verdicts
+
+    [line] = [fact for fact in verdict.facts if "refused as replayed" in fact]
+    assert line.startswith("7 attempts by other executions refused as replayed: exec-r0 at ")
+    assert "exec-r4 at" in line and "exec-r5" not in line
+    assert line.endswith("; and 2 more.")
+
+
 def test_healthy_redelivery_one_execution_several_deliveries_one_command() -> None:
     facts = console_claim(
         event("claim.duplicate_delivery", message_id="m-2"),
@@ -888,3 +900,125 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
     assert '<td><code class="codes">—</code></td>' in html
     assert html.count('<span class="muted">—</span>') == 2  # fingerprint, command
     assert "delivered" not in html and "Acme" not in html
+
+
+# --- a long chain: the newest steps and the decisive ones, the rest summarized -------------
+
+
+def test_a_long_chain_shows_its_newest_steps_and_every_decisive_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reconciliation import investigations
+    from reconciliation.investigations import ChainGap, Investigation, chain_rows
+
+    monkeypatch.setattr(investigations, "CHAIN_WINDOW", 3)
+    at = [T0 + timedelta(seconds=n) for n in range(11)]
+    replays = [
+        event("claim.replayed", execution_id=f"exec-r{n}", source_time=at[n]) for n in range(11)
+    ]
+    steps = [
+        event(source_time=at[0]),  # the approved claim, the oldest step
+        *replays[1:5],
+        event("effect.committed", decision="", receipt="re_1", source_time=at[5]),
+        replays[6],  # delivered twice
+        *replays[7:],
+    ]
+    again = DeliveryFact(replays[6].pk, replays[6].event_id, 7, T0, 1, True)
+    found = Investigation(
+        "q", Facts(events=tuple(steps), deliveries=(again,), events_total=11), [], [], [], False
+    )
+
+    chain = chain_rows(found, {})
+
+    shape = [
+        f"gap {row.hidden}: {row.kinds}" if isinstance(row, ChainGap) else row.execution
+        for row in chain.rows
+    ]
+    assert shape == [
+        "exec-a",  # approved: shown however old
+        "gap 4: 4 claim.replayed",
+        "exec-a",  # the effect
+        "exec-r6",  # delivered twice
+        "gap 1: 1 claim.replayed",
+        "exec-r8",  # the newest three
+        "exec-r9",
+        "exec-r10",
+    ]
+    assert (chain.steps, chain.shown, chain.hidden) == (11, 6, 5)
+    assert [row.flag for row in chain.rows if not isinstance(row, ChainGap)][:3] == [
+        "approved",
+        "effect",
+        "duplicate",
+    ]
+
+    every = chain_rows(found, {}, every_step=True)
+    assert (every.steps, every.shown, every.hidden) == (11, 11, 0)
+    assert not any(isinstance(row, ChainGap) for row in every.rows)
+
+
+def test_a_gap_names_at_most_three_kinds() -> None:
+    from collections import Counter
+
+    from reconciliation.investigations import _kinds
+
+    kinds = Counter({"claim.replayed": 7, "claim.expired": 2, "claim.revoked": 2, "x": 1})
+    assert _kinds(kinds) == "7 claim.replayed, 2 claim.expired, 2 claim.revoked, 1 of other kinds"
+
+
+def test_a_gap_row_says_what_it_hides_and_links_to_every_step() -> None:
+    from reconciliation.investigations import ChainGap
+    from reconciliation.templatetags.investigation import chain_row
+
+    gap = ChainGap(4, "3 claim.replayed, 1 <b>odd</b>")
+    html = chain_row(gap, False, "/investigations/?q=a&steps=all#chain-h")
+    assert html == (
+        '<tr class="chain-gap"><td colspan="9"><strong>4 earlier steps not shown</strong> '
+        '<span class="muted">(3 claim.replayed, 1 &lt;b&gt;odd&lt;/b&gt;)</span>. '
+        '<a href="/investigations/?q=a&amp;steps=all#chain-h">Show every step</a></td></tr>'
+    )
+    assert 'colspan="10"' in chain_row(ChainGap(1, "1 x"), True, "")
+    assert "1 earlier step not shown" in chain_row(ChainGap(1, "1 x"), True, "")
+
+
+def _chain_table(page: str) -> str:
+    start = page.index('id="chain-h"')
+    return page[start : page.index("</table>", start)]
+
+
+@pytest.mark.django_db
+def test_the_page_shows_a_long_chain_in_a_window_and_every_step_on_request(
+    runtime: Runtime, reviewer: Any, ops: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciliation import investigations
+
+    monkeypatch.setattr(investigations, "CHAIN_WINDOW", 3)
+    story = control_working(runtime, reviewer)
+    for n in range(8):
+        assert runtime.claim(story.token, f"exec-r{n}").json()["decision"] == "replayed"
+
+    with CaptureQueriesContext(connection) as windowed:
+        status, page = investigate(ops, story.fingerprint)
+    assert status == 200
+    assert verdicts(page) == [CONTROL_WORKING]
+    # The verdict counts every replay read, whatever the chain shows.
+    assert "9 attempts by other executions refused as replayed" in page
+    chain = _chain_table(page)
+    assert "claim.approved" in chain  # the decisive step, however old
+    assert "exec-r7" in chain and "exec-r6" in chain and "exec-r5" in chain  # the newest 3
+    assert "exec-r4" not in chain and "exec-b" not in chain
+    gap = re.search(r"<strong>(\d+) earlier steps not shown</strong>", chain)
+    assert gap is not None and "claim.replayed" in chain
+    shown = re.search(r"(\d+) of (\d+) steps shown", page)
+    assert shown is not None
+    assert int(shown.group(1)) + int(gap.group(1)) <= int(shown.group(2))
+    every_url = f"/investigations/?q={story.fingerprint}&amp;steps=all#chain-h"
+    assert every_url in page
+
+    response = ops.get("/investigations/", {"q": story.fingerprint, "steps": "all"})
+    with CaptureQueriesContext(connection) as every:
+        response = ops.get("/investigations/", {"q": story.fingerprint, "steps": "all"})
+    assert response.status_code == 200
+    chain = _chain_table(response.content.decode())
+    assert "exec-r4" in chain and "exec-b" in chain and "not shown" not in chain
+    assert "Every step read is shown" in response.content.decode()
+    assert len(every) == len(windowed)  # showing more steps reads nothing more
