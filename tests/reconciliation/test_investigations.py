@@ -149,9 +149,7 @@ def test_control_working_one_approved_execution_and_replays_denied() -> None:
 
 
 def test_many_replays_list_the_first_five_and_count_the_rest() -> None:
-    replays = [
-        event("claim.replayed", execution_id=f"exec-r{n}", command_id="") for n in range(7)
-    ]
+    replays = [event("claim.replayed", execution_id=f"exec-r{n}", command_id="") for n in range(7)]
     [verdict] = assess(console_claim(*replays)).verdicts
 
     [line] = [fact for fact in verdict.facts if "refused as replayed" in fact]
