@@ -125,7 +125,13 @@ def test_bin_serve_serves_the_console_as_production(
     assert ("console_pending_reviews", ()) in samples
 
     # Each of the two workers froze its startup heap once it had loaded the application.
-    frozen = re.findall(r"froze (\d+) startup objects", server.output())
+    # The first one up serves the requests above; the other may still be warming its
+    # templates on a loaded machine, so its line is waited for.
+    deadline = time.monotonic() + 60
+    while len(frozen := re.findall(r"froze (\d+) startup objects", server.output())) < 2:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert len(frozen) == 2 and all(int(n) > 10_000 for n in frozen), frozen
 
     # One line per request in the access log, with the trace id the console answered with.
