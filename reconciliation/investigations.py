@@ -343,7 +343,10 @@ def _plural(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _listing(items: list[str], most: int = 5, *, total: int | None = None) -> str:
+LISTED = 5  # the items a verdict's fact names before "and N more"
+
+
+def _listing(items: list[str], most: int = LISTED, *, total: int | None = None) -> str:
     """The first ``most`` items, and how many more of ``total`` (``len(items)``) there are:
     a caller with hundreds of items may pass only the first ``most``, formatted."""
     shown = items[:most]
@@ -647,7 +650,7 @@ def _control_working(index: _Index, excluded_fps: set[FpKey]) -> list[str]:
         attempts = [
             f"{e.execution_id or 'an unnamed execution'} at {_at(e.source_time)}"
             f" ({e.decision}{', ' + e.reason_code if e.reason_code else ''})"
-            for e in replays[:5]
+            for e in replays[:LISTED]
         ]
         lines.append(
             f"{_plural(len(replays), 'attempt')} by other executions refused as replayed: "
@@ -936,7 +939,8 @@ def investigation_get(
         )
         .select_related("ingestion")
         .order_by("id")
-        if d.original_id in read_pks  # an event written since is not in the facts
+        # Ids commit out of order: an event committed since may have an id in that range.
+        if d.original_id in read_pks
     ]
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
@@ -1032,8 +1036,24 @@ _EVENT_COLUMNS = (
 
 
 def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
-    (pk, event_id, kind, tenant_id, source_time, fingerprint, decision, reason_code) = row[:8]
-    (execution_id, message_id, command_id, occurrence_id, actor, receipt) = row[8:14]
+    (
+        pk,
+        event_id,
+        kind,
+        tenant_id,
+        source_time,
+        fingerprint,
+        decision,
+        reason_code,
+        execution_id,
+        message_id,
+        command_id,
+        occurrence_id,
+        actor,
+        receipt,
+        ingestion_id,
+        ingested_at,
+    ) = row
     return EventFact(
         pk=pk,
         event_id=str(event_id),
@@ -1052,8 +1072,8 @@ def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
         receipt=receipt
         if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX)
         else "",
-        ingestion_id=row[14],
-        ingested_at=row[15],
+        ingestion_id=ingestion_id,
+        ingested_at=ingested_at,
     )
 
 

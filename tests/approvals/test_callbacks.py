@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -273,18 +272,11 @@ class socket_closed:
 
 from tests.reconciliation import sandbox_fixture, worker_fixture  # noqa: E402
 from tests.reconciliation.sandbox_fixture import SandboxProcess  # noqa: E402
-from tests.reconciliation.worker_fixture import Broker, Workers  # noqa: E402
+from tests.reconciliation.worker_fixture import Broker, Workers, wait_until  # noqa: E402
 
 broker = worker_fixture.broker
 workers = worker_fixture.workers
 sandbox_server = sandbox_fixture.sandbox_server
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 @pytest.mark.race
@@ -310,7 +302,11 @@ def test_a_real_worker_pushes_decisions_and_retries(
 
     approve(occurrence_id, reviewer)
 
-    wait_until(lambda: the_delivery(occurrence_id=occurrence_id).state == "delivered")
+    wait_until(
+        "the delivery to be delivered",
+        lambda: the_delivery(occurrence_id=occurrence_id).state == "delivered",
+        timeout=60,
+    )
     assert [h["X-Console-Delivery"] for h, _ in receiver.received] == [
         str(the_delivery(occurrence_id=occurrence_id).pk)
     ] * 2

@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from tests.conftest import REFUND_ARGS, Runtime
 from tests.reconciliation import worker_fixture
 from tests.reconciliation.conftest import MESSAGE_ARGS, claim_command
 from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
-from tests.reconciliation.worker_fixture import Broker, Workers
+from tests.reconciliation.worker_fixture import Broker, Workers, wait_until
 
 pytestmark = [
     pytest.mark.race,
@@ -50,21 +49,10 @@ SETTLED = (State.COMMITTED, State.REJECTED, State.OUTCOME_UNKNOWN)
 # The issue asks for at least 20 kills at each point.
 KILLS_PER_POINT = 20
 KILL_CONCURRENCY = 8
-DEADLINE = 120.0
 TOOLS = {"issue_refund": "/v1/refunds", "send_message": "/v1/messages"}
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-
-def wait_until(what: str, condition: Callable[[], bool], timeout: float = DEADLINE) -> float:
-    """Poll ``condition`` until it holds; the seconds it took. Fails after ``timeout``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def arguments(tool: str, n: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, cast
@@ -52,6 +52,16 @@ STOP_TIMEOUT = 20.0
 # Longer than any test here waits: a message that comes back within a test came back
 # because the worker's master requeued it, never because this timeout expired.
 LONG_VISIBILITY_TIMEOUT = 3600
+
+
+def wait_until(what: str, condition: Callable[[], bool], timeout: float = 120.0) -> float:
+    """Poll ``condition`` until it holds; the seconds it took. Fails after ``timeout``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - start
 
 
 def broker_url() -> str:

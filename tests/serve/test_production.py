@@ -22,7 +22,12 @@ import pytest
 from django.db import connection
 
 from tests.reconciliation import worker_fixture
-from tests.reconciliation.worker_fixture import Broker, children_of, release_test_database
+from tests.reconciliation.worker_fixture import (
+    Broker,
+    children_of,
+    release_test_database,
+    wait_until,
+)
 from tests.serve.servers import (
     METRICS_TOKEN,
     ROOT,
@@ -127,12 +132,11 @@ def test_bin_serve_serves_the_console_as_production(
     # Each of the two workers froze its startup heap once it had loaded the application.
     # The first one up serves the requests above; the other may still be warming its
     # templates on a loaded machine, so its line is waited for.
-    deadline = time.monotonic() + 60
-    while len(frozen := re.findall(r"froze (\d+) startup objects", server.output())) < 2:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert len(frozen) == 2 and all(int(n) > 10_000 for n in frozen), frozen
+    def frozen() -> list[str]:
+        return re.findall(r"froze (\d+) startup objects", server.output())
+
+    wait_until("both workers to freeze their startup heap", lambda: len(frozen()) >= 2, 60)
+    assert len(frozen()) == 2 and all(int(n) > 10_000 for n in frozen()), frozen()
 
     # One line per request in the access log, with the trace id the console answered with.
     trace = page.headers["X-Trace-Id"]
