@@ -78,6 +78,10 @@ def parse_wait(raw: str) -> int | None:
     return None
 
 
+# How the LISTEN connection shows in pg_stat_activity.
+LISTEN_APPLICATION_NAME = "console-longpoll"
+
+
 def listen_conninfo() -> str | None:
     """The default database's connection string, or None when it cannot LISTEN (SQLite)."""
     if connections["default"].vendor != "postgresql":
@@ -89,7 +93,7 @@ def listen_conninfo() -> str | None:
         "password": database.get("PASSWORD") or None,
         "host": database.get("HOST") or None,
         "port": database.get("PORT") or None,
-        "application_name": "console-longpoll",
+        "application_name": LISTEN_APPLICATION_NAME,
     }
     # libpq's own options (sslmode, sslrootcert...); Django's (pool, isolation_level,
     # server_side_binding...) are not connection-string keywords.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import (
     Case,
     Count,
@@ -69,6 +70,26 @@ def approval_state(approval: Approval, now: datetime | None = None) -> str:
     return effective_approval_state(approval.state, approval.expires_at, now or timezone.now())
 
 
+@contextlib.contextmanager
+def snapshot() -> Iterator[None]:
+    """Reads inside see the database as of one moment.
+
+    A read of an occurrence with its approvals, commands and epochs is several queries; at
+    PostgreSQL's default isolation each sees what had committed when it began, so a decision
+    committing between two of them would give an answer that never existed (status
+    ``pending_review`` beside an issued approval). Here they share one REPEATABLE READ
+    snapshot, read-only. SQLite's transaction is a snapshot already. Inside a transaction
+    that has begun (a service's, a test's) the reads keep that transaction's isolation."""
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
+
+
 def occurrence_detail_queryset() -> QuerySet[Occurrence]:
     return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
         Prefetch(
@@ -84,17 +105,19 @@ def occurrence_get_for_tenant(*, tenant: Tenant, occurrence_id: str) -> Occurren
     pk = parse_uuid(occurrence_id)
     if pk is None:
         return None
-    return occurrence_detail_queryset().filter(tenant=tenant, pk=pk).first()
+    with snapshot():
+        return occurrence_detail_queryset().filter(tenant=tenant, pk=pk).first()
 
 
 def occurrence_lookup(*, tenant: Tenant, run_id: str, client_ref: str) -> Occurrence | None:
     """The tenant's occurrence proposed with this ``client_ref`` in this run, if any."""
-    return (
-        occurrence_detail_queryset()
-        .filter(tenant=tenant, run_id=run_id, client_ref=client_ref)
-        .exclude(client_ref="")
-        .first()
-    )
+    with snapshot():
+        return (
+            occurrence_detail_queryset()
+            .filter(tenant=tenant, run_id=run_id, client_ref=client_ref)
+            .exclude(client_ref="")
+            .first()
+        )
 
 
 # Prior decisions listed in a proposal's answer: the newest ones.

@@ -24,10 +24,18 @@ from django.db import connection, connections
 from django.db.models import Sum
 
 from approvals import services
+from approvals.longpoll import LISTEN_APPLICATION_NAME
 from approvals.models import Occurrence, RuntimeKeyUsage
 from tests.clients.conftest import run_async
 from tests.conftest import Runtime, approve, make_runtime
-from tests.serve.servers import ServerProcess, asgi_server, sample, scrape, wait_for_sample
+from tests.serve.servers import (
+    ASGI_APPLICATION_NAME,
+    ServerProcess,
+    asgi_server,
+    sample,
+    scrape,
+    wait_for_sample,
+)
 
 __all__ = ["asgi_server"]  # a fixture
 
@@ -49,6 +57,48 @@ def proposed(runtime: Runtime, ref: str) -> str:
     assert response.status_code == 201, response.content
     occurrence_id: str = response.json()["occurrence_id"]
     return occurrence_id
+
+
+# --- every answer is a state that existed ----------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@POSTGRES_ONLY
+def test_a_decision_committing_mid_read_is_not_half_seen(tenant: Any, reviewer: Any) -> None:
+    """The occurrence and its approvals are read by several queries. A decision committed
+    between them (here: forced, by another connection, right after the occurrence's row
+    was read) must not give an answer with the old status beside the new approval: the
+    read sees one moment, and the next read sees the decision whole. Before the read was
+    one snapshot, this is how a long-poll woke with `pending_review` and an approval."""
+    runtime = make_runtime(tenant, "snapshot-reader")
+    occurrence_id = proposed(runtime, "snap")
+    occurrence_table = f'FROM "{Occurrence._meta.db_table}"'
+    decided: list[str] = []
+
+    def approve_elsewhere() -> None:
+        try:
+            approve(occurrence_id, reviewer)
+            decided.append("approved")
+        finally:
+            connections.close_all()
+
+    def decide_after_the_occurrence_row(
+        execute: Any, sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        result = execute(sql, params, many, context)
+        if not decided and sql.lstrip().startswith("SELECT") and occurrence_table in sql:
+            other = threading.Thread(target=approve_elsewhere)
+            other.start()
+            other.join(timeout=30)
+            assert decided, "the approval in the other connection did not commit"
+        return result
+
+    with connection.execute_wrapper(decide_after_the_occurrence_row):
+        during = runtime.get(f"/api/v1/occurrences/{occurrence_id}").json()
+    assert decided == ["approved"]
+    assert (during["status"], during["approval"]) == ("pending_review", None)
+    after = runtime.get(f"/api/v1/occurrences/{occurrence_id}").json()
+    assert (after["status"], after["approval"]["state"]) == ("approved", "issued")
 
 
 # --- WSGI: the view waits in its thread ------------------------------------------------------
@@ -143,11 +193,15 @@ def _threads(pid: int) -> int:
     return 0
 
 
-def _database_connections() -> int:
+def _server_connections() -> int:
+    """The ASGI server's connections to the database: its pools' (named by the PGAPPNAME
+    the fixture gives it) and its LISTEN connections. Not autovacuum's workers, which
+    a burst of proposals wakes in the same database, nor any other client's."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' AND application_name IN (%s, %s)",
+            [ASGI_APPLICATION_NAME, LISTEN_APPLICATION_NAME],
         )
         (count,) = cursor.fetchone()
     return int(count)
@@ -273,7 +327,8 @@ def test_500_waiters_are_each_woken_within_a_second_of_their_decision(
         # executors'), at most DB_POOL_MAX connections and one LISTEN per worker.
         threads = [_threads(pid) for pid in asgi_server.descendants()]
         assert threads and sum(threads) < WAITERS / 2, threads
-        assert _database_connections() <= 2 * (10 + 1), _database_connections()
+        connected = _server_connections()
+        assert 2 <= connected <= 2 * (10 + 1), connected
         started = time.monotonic()
         decided: dict[str, float] = {}
         for n, occurrence_id in enumerate(ids):

@@ -196,6 +196,9 @@ def wait_for_sample(
         time.sleep(0.1)
 
 
+ASGI_APPLICATION_NAME = "console-asgi-under-test"
+
+
 @pytest.fixture
 def asgi_server(tmp_path: Path, transactional_db: Any) -> Iterator[ServerProcess]:
     """gunicorn's asgi worker serving config/asgi.py (bin/serve's default), two workers,
@@ -206,6 +209,8 @@ def asgi_server(tmp_path: Path, transactional_db: Any) -> Iterator[ServerProcess
         GUNICORN_WORKER_CLASS="asgi",
         WEB_CONCURRENCY=2,
         API_RATE_LIMIT=1_000_000,
+        # libpq names the pools' connections so that a test can count them apart.
+        PGAPPNAME=ASGI_APPLICATION_NAME,
     )
     server = gunicorn("asgi", env, tmp_path)
     server.start()
