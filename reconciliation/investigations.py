@@ -36,6 +36,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
+from approvals.links import occurrence_path
 from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
@@ -1147,8 +1148,8 @@ class Count:
 def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:
     """The operators' timeline for operators; the review page for admins."""
     if tenant_id in set(operator_tenant_ids):
-        return reverse("reconciliation:timeline", args=[occurrence_id])
-    return reverse("approvals:review", args=[occurrence_id])
+        return occurrence_path("reconciliation:timeline", occurrence_id)
+    return occurrence_path("approvals:review", occurrence_id)
 
 
 def _event_outcome(event: EventFact) -> str:

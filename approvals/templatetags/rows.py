@@ -15,10 +15,10 @@ import html
 from typing import Any
 
 from django import template
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from approvals.links import occurrence_path
 from approvals.presenters import HistoryRow, InboxRow
 
 register = template.Library()
@@ -129,7 +129,7 @@ def inbox_row(row: InboxRow, show_tenant: bool) -> SafeString:
     tenant = (
         f'<td class="cell-tenant">{cell_html(occurrence.tenant.name)}</td>' if show_tenant else ""
     )
-    href = cell_html(reverse("approvals:review", args=[occurrence.pk]))
+    href = cell_html(occurrence_path("approvals:review", occurrence.pk))
     return mark_safe(  # noqa: S308 - every value above went through cell_html
         f'<tr data-occurrence-id="{pk}">'
         f'<td class="cell-tool"><code class="tool">{tool}</code></td>'

@@ -8,10 +8,10 @@ see ``approvals/templatetags/rows.py``, whose escaping this shares).
 from __future__ import annotations
 
 from django import template
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from approvals.links import occurrence_path
 from approvals.templatetags.rows import cell_html
 from reconciliation.presenters import QueueRow
 
@@ -31,7 +31,7 @@ def queue_row(row: QueueRow, show_tenant: bool) -> SafeString:
         for line in row.money
     )
     tenant = f"<td>{cell_html(occurrence.tenant.name)}</td>" if show_tenant else ""
-    href = cell_html(reverse("reconciliation:timeline", args=[occurrence.pk]))
+    href = cell_html(occurrence_path("reconciliation:timeline", occurrence.pk))
     label = cell_html(item.reason_label)
     return mark_safe(  # noqa: S308 - every value above went through cell_html
         f'<tr data-item="{cell_html(item.key)}">'
