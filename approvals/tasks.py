@@ -29,6 +29,24 @@ def audit_chain_extend_all() -> int:
     return len(tenant_ids)
 
 
+# Batches one run of the expiry sweep takes at most; the next run takes the rest.
+EXPIRE_BATCHES_PER_RUN = 20
+
+
+@shared_task(ignore_result=True)
+def approvals_expire() -> int:
+    """Write down what the clock already decided (Celery beat, every minute): each issued
+    approval past its expiry becomes ``expired``, audited, and so does its occurrence, so
+    that the inbox's filters and counts agree with its badges. Returns how many."""
+    expired = 0
+    for _ in range(EXPIRE_BATCHES_PER_RUN):
+        batch = services.approvals_expire()
+        expired += batch
+        if batch < services.EXPIRE_BATCH:
+            break
+    return expired
+
+
 @shared_task(ignore_result=True)
 def callback_deliver(delivery_id: str) -> str:
     """One attempt at pushing one decision to a runtime's callback URL."""

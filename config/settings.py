@@ -382,7 +382,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     )
 CELERY_BEAT_SCHEDULE = {
     "chain-the-audit-trail": {"task": "approvals.tasks.audit_chain_extend_all", "schedule": 5.0},
-    "expire-what-the-clock-expired": {"task": "approvals.tasks.approvals_expire", "schedule": 60.0},
+    "expire-what-the-clock-expired": {
+        "task": "approvals.tasks.approvals_expire",
+        "schedule": env_float("APPROVAL_EXPIRY_SWEEP_SECONDS", 60.0, minimum=0.1),
+    },
     "escalate-what-nobody-took": {
         "task": "reconciliation.tasks.operations_escalate",
         "schedule": 60.0,

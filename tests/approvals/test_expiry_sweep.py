@@ -83,3 +83,24 @@ def test_the_inbox_filters_agree_with_the_badges_after_the_sweep(
 
     assert approved not in approved_list
     assert approved in expired_list and "Expired" in expired_list
+
+
+def test_the_beat_task_sweeps_batch_after_batch(
+    runtime: Runtime, reviewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from approvals import tasks
+
+    monkeypatch.setattr(services, "EXPIRE_BATCH", 2)
+    ids = []
+    for n in range(5):
+        occurrence_id = runtime.propose(client_ref=f"batch-{n}").json()["occurrence_id"]
+        approve(occurrence_id, reviewer)
+        expire_now(occurrence_id)
+        ids.append(occurrence_id)
+
+    assert tasks.approvals_expire() == 5
+    assert set(Approval.objects.filter(occurrence_id__in=ids).values_list("state", flat=True)) == {
+        Approval.State.EXPIRED
+    }
+    assert AuditEvent.objects.filter(kind="approval.expired").count() == 5
+    assert tasks.approvals_expire() == 0
