@@ -42,7 +42,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from approvals.models import RuntimeKey, RuntimeKeyUsage
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, EventReason
 
 BURST_EVENT = AuditKind.SECURITY_REFUSALS_BURST
 
@@ -195,7 +195,7 @@ def usage_report_closed_windows(
                 kind=BURST_EVENT,
                 tenant=key.tenant_id,
                 actor=key.actor,
-                reason_code="refusals_burst",
+                reason_code=EventReason.REFUSALS_BURST,
                 data={
                     "count": throttled + unrecorded,
                     "window_start": _iso(e.window_start),

@@ -129,7 +129,7 @@ class PriorDecision:
     """An earlier occurrence of the same run, with the same action, that was rejected."""
 
     occurrence_id: uuid.UUID
-    decision: Literal["rejected"]
+    decision: str  # EventDecision.REJECTED, the one decision listed so far
     reason: str
     decided_at: datetime | None
     decided_by: str  # the reviewer's username, or "policy"
@@ -171,7 +171,7 @@ def prior_rejections(
     return [
         PriorDecision(
             occurrence_id=row["pk"],
-            decision="rejected",
+            decision=vocabulary.EventDecision.REJECTED,
             reason=row["rejection_reason"],
             decided_at=row["decided_at"],
             decided_by=row["decided_by"] or "",

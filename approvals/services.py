@@ -38,7 +38,13 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.vocabulary import AuditKind, ClaimDecision, ClaimReason
+from approvals.vocabulary import (
+    AuditKind,
+    ClaimDecision,
+    ClaimReason,
+    EventDecision,
+    EventReason,
+)
 
 log = structlog.get_logger("approvals")
 _stdlib_log = logging.getLogger("approvals")
@@ -489,7 +495,7 @@ def runtime_key_deactivate(*, key: RuntimeKey, admin: User) -> bool:
                 kind=AuditKind.RUNTIME_KEY_DEACTIVATED,
                 tenant=key.tenant_id,
                 actor=_username(admin),
-                decision="deactivated",
+                decision=EventDecision.DEACTIVATED,
                 data={"key_id": key.pk, "name": key.name, "prefix": key.prefix},
             )
     return bool(changed)
@@ -577,8 +583,8 @@ def occurrence_propose(
                     tenant=tenant,
                     occurrence=occurrence,
                     actor="policy",
-                    decision="auto_admitted",
-                    reason_code="policy_read_only",
+                    decision=EventDecision.AUTO_ADMITTED,
+                    reason_code=EventReason.POLICY_READ_ONLY,
                     data={"justification": "The tool contract is read-only and auto-admitted."},
                 )
             if repeat_of is not None:
@@ -611,8 +617,8 @@ def _reject_repeat(occurrence: Occurrence, repeat_of: selectors.PriorDecision) -
         tenant=occurrence.tenant_id,
         occurrence=occurrence,
         actor="policy",
-        decision="rejected",
-        reason_code="repeat_of_rejected",
+        decision=EventDecision.REJECTED,
+        reason_code=EventReason.REPEAT_OF_REJECTED,
         data={
             "reason": repeat_of.reason,
             "repeat_of": str(repeat_of.occurrence_id),
@@ -763,7 +769,7 @@ def occurrence_approve(
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=username,
-            decision="issued",
+            decision=EventDecision.ISSUED,
             data={
                 "version": proposal.version,
                 "action_digest": proposal.action_digest,
@@ -798,8 +804,8 @@ def occurrence_reject(
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=_username(reviewer),
-            decision="rejected",
-            reason_code="rejected_by_reviewer",
+            decision=EventDecision.REJECTED,
+            reason_code=EventReason.REJECTED_BY_REVIEWER,
             data={"reason": reason, **({"via": via} if via else {})},
         )
     occ.refresh_from_db()
@@ -846,7 +852,7 @@ def proposal_edit(
             tenant=occ.tenant_id,
             occurrence=occ,
             actor=_username(editor),
-            reason_code="approval_superseded" if superseded else "",
+            reason_code=EventReason.APPROVAL_SUPERSEDED if superseded else "",
             data={
                 "from_version": current.version,
                 "to_version": proposal.version,
@@ -946,8 +952,8 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
                 occurrence=occ,
                 actor="clock",
                 token_fingerprint=approval.fingerprint,
-                decision="expired",
-                reason_code="expired_unclaimed",
+                decision=ClaimDecision.EXPIRED,
+                reason_code=EventReason.EXPIRED_UNCLAIMED,
                 data={"expires_at": approval.expires_at.isoformat()},
             )
         Approval.objects.filter(pk=approval.pk, superseded_at__isnull=True).update(
@@ -970,7 +976,7 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
             occurrence=occ,
             actor=actor,
             token_fingerprint=approval.fingerprint,
-            reason_code="approval_expired",
+            reason_code=EventReason.APPROVAL_EXPIRED,
             data={
                 "from_version": current.version,
                 "to_version": proposal.version,
@@ -1488,8 +1494,8 @@ def approvals_revoke_ids(
                 occurrence=target["occurrence_id"],
                 actor=actor,
                 token_fingerprint=target["fingerprint"],
-                decision="revoked",
-                reason_code="revoked_by_admin",
+                decision=ClaimDecision.REVOKED,
+                reason_code=ClaimReason.REVOKED_BY_ADMIN,
                 data=data,
             )
     return ids
@@ -1633,8 +1639,8 @@ def approvals_expire() -> int:
                 occurrence=target["occurrence_id"],
                 actor="clock",
                 token_fingerprint=target["fingerprint"],
-                decision="expired",
-                reason_code="expired_unclaimed",
+                decision=ClaimDecision.EXPIRED,
+                reason_code=EventReason.EXPIRED_UNCLAIMED,
                 data={"expires_at": target["expires_at"].isoformat()},
             )
     return expired

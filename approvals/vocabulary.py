@@ -64,6 +64,74 @@ class ClaimReason(models.TextChoices):
     NO_SUCH_TOKEN = "no_such_token", "No such token"
 
 
+class EventDecision(models.TextChoices):
+    """What an audit event that is no claim decided (its ``decision``). An approval that
+    expired or was revoked is written with ``ClaimDecision.EXPIRED``/``REVOKED``: a claim
+    of it afterwards is answered with the same word."""
+
+    ISSUED = "issued", "Issued"
+    REJECTED = "rejected", "Rejected"
+    AUTO_ADMITTED = "auto_admitted", "Admitted by policy"
+    DEACTIVATED = "deactivated", "Deactivated"
+    # The queue delivered a command whose effect was settled: nothing was called.
+    IGNORED = "ignored", "Ignored"
+    INTERRUPTED = "interrupted", "Interrupted"
+    ADMITTED = "admitted", "Admitted"
+    WAITING = "waiting", "Waiting"
+    AUTHORITY_RESTORED = "authority_restored", "Authority restored"
+    # An effect report from an execution that does not hold the command.
+    REFUSED = "refused", "Refused"
+    # An escalation to operations: whether its webhook took it.
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed"
+
+
+class EventReason(models.TextChoices):
+    """Why an audit event that is no claim decided what it did (its ``reason_code``).
+    Reasons typed elsewhere keep their own words: an invocation's justification
+    (``reconciliation.dispatch.Why``), an interruption's kind, an admission's
+    justification."""
+
+    REJECTED_BY_REVIEWER = "rejected_by_reviewer", "A reviewer rejected it"
+    REPEAT_OF_REJECTED = "repeat_of_rejected", "A repeat of a rejected request"
+    POLICY_READ_ONLY = "policy_read_only", "Read-only, admitted by policy"
+    APPROVAL_EXPIRED = "approval_expired", "Its approval expired"
+    APPROVAL_SUPERSEDED = "approval_superseded", "An edit superseded its approval"
+    EXPIRED_UNCLAIMED = "expired_unclaimed", "Expired unclaimed"
+    REFUSALS_BURST = "refusals_burst", "A burst of refused claims"
+    OTHER_EXECUTION = "other_execution", "Another execution holds the command"
+    # Why an effect was settled without a receipt.
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted", "No attempt left"
+    AUTH_CHALLENGE = "auth_challenge", "The remote asked for authentication"
+    REFUSED_BEFORE_EXECUTION = "refused_before_execution", "Refused before execution"
+    AMBIGUOUS = "ambiguous", "The answer was ambiguous"
+    # A queue redelivery of a command whose effect was already settled (``already``).
+    ALREADY_COMMITTED = "already_committed", "Already committed"
+    ALREADY_REJECTED = "already_rejected", "Already rejected"
+    ALREADY_OUTCOME_UNKNOWN = "already_outcome_unknown", "Already of unknown outcome"
+    ALREADY_RECONCILED = "already_reconciled", "Already reconciled"
+    ALREADY_COMPENSATED = "already_compensated", "Already compensated"
+    # The effect a runtime reported for a command it executed itself (``reported``).
+    REPORTED_COMMITTED = "reported_committed", "Reported committed"
+    REPORTED_REJECTED = "reported_rejected", "Reported rejected"
+    REPORTED_OUTCOME_UNKNOWN = "reported_outcome_unknown", "Reported of unknown outcome"
+    REPORTED_INTERRUPTED = "reported_interrupted", "Reported interrupted"
+
+    @classmethod
+    def already(cls, state: str) -> EventReason:
+        """The reason of a redelivery that found the effect settled in ``state``."""
+        return cls(f"{ALREADY_PREFIX}{state}")
+
+    @classmethod
+    def reported(cls, outcome: str) -> EventReason:
+        """The reason of an effect a runtime reported as ``outcome``."""
+        return cls(f"{REPORTED_PREFIX}{outcome}")
+
+
+ALREADY_PREFIX = "already_"
+REPORTED_PREFIX = "reported_"
+
+
 class AuditKind(models.TextChoices):
     """What an audit event records: every ``AuditEvent.kind`` the console itself writes.
 

@@ -27,7 +27,7 @@ from django.db.models import Max
 from approvals import metrics
 from approvals.models import Command, Epoch, ToolContract
 from approvals.services import audit_record, db_now
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, EventDecision, EventReason
 from reconciliation import adapters
 from reconciliation.adapters.base import (
     Call,
@@ -260,8 +260,8 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
             command,
             AuditKind.DISPATCH_REDELIVERED,
             message_id=message_id,
-            decision="ignored",
-            reason_code=f"already_{command.state}",
+            decision=EventDecision.IGNORED,
+            reason_code=EventReason.already(command.state),
             data={"state": command.state},
         )
         return Plan(pk, note=f"redelivery: already {command.state}")
@@ -369,7 +369,7 @@ def record(plan: Plan, result: Any) -> Plan:
                     invocation,
                     State.OUTCOME_UNKNOWN,
                     message_id=invocation.message_id,
-                    reason_code="attempts_exhausted",
+                    reason_code=EventReason.ATTEMPTS_EXHAUSTED,
                     data={"why": "no effect under the key, and no attempt is left"},
                 )
                 return Plan(command.pk)
@@ -398,7 +398,7 @@ def record(plan: Plan, result: Any) -> Plan:
                 invocation,
                 State.REJECTED,
                 message_id=invocation.message_id,
-                reason_code="auth_challenge",
+                reason_code=EventReason.AUTH_CHALLENGE,
                 data={
                     "why": "the remote asked for authentication",
                     "interruption": interruption.pk,
@@ -409,7 +409,7 @@ def record(plan: Plan, result: Any) -> Plan:
                 AuditKind.RECOVERY_INTERRUPTED,
                 message_id=invocation.message_id,
                 execution_id=epoch.execution_id,
-                decision="interrupted",
+                decision=EventDecision.INTERRUPTED,
                 reason_code=Interruption.Kind.AUTH_CHALLENGE,
                 data={
                     "interruption": interruption.pk,
@@ -450,7 +450,7 @@ def record(plan: Plan, result: Any) -> Plan:
                 invocation,
                 State.REJECTED,
                 message_id=invocation.message_id,
-                reason_code="refused_before_execution",
+                reason_code=EventReason.REFUSED_BEFORE_EXECUTION,
                 data={"why": result.reason},
             )
             return Plan(command.pk)
@@ -472,7 +472,7 @@ def record(plan: Plan, result: Any) -> Plan:
             invocation,
             State.OUTCOME_UNKNOWN,
             message_id=invocation.message_id,
-            reason_code="ambiguous",
+            reason_code=EventReason.AMBIGUOUS,
             data={"why": result.why},
         )
         return Plan(command.pk)

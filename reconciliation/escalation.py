@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.services import audit_record
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation import credentials
 from reconciliation.adapters.base import http_client
 from reconciliation.adapters.webhook import SIGNATURE_HEADER, sign
@@ -122,7 +122,7 @@ def escalations_run() -> int:
                 tenant=policy.tenant_id,
                 occurrence=item.occurrence.pk,
                 actor="escalation",
-                decision="delivered" if ok else "failed",
+                decision=EventDecision.DELIVERED if ok else EventDecision.FAILED,
                 reason_code=item.reason,
                 command_id=item.command.pk if item.command else None,
                 data={"item": item.key, "delivery": detail, "attempt": escalation.attempts + 1},

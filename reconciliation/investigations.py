@@ -598,7 +598,9 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
                 f"with the same command {short(command_id)}."
             )
         if redelivered:
-            states = sorted({e.reason_code.removeprefix("already_") for e in redelivered})
+            states = sorted(
+                {e.reason_code.removeprefix(vocabulary.ALREADY_PREFIX) for e in redelivered}
+            )
             lines.append(
                 f"The queue delivered command {short(command_id)} again "
                 f"{_times(len(redelivered))} ({REDELIVERED_KIND}); its effect was already "

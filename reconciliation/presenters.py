@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from approvals.models import Approval, Command, Epoch
 from approvals.presenters import (
+    SECURITY_DECISIONS,
     HistoryLink,
     MoneyLine,
     age,
@@ -19,7 +20,7 @@ from approvals.presenters import (
     money_lines,
 )
 from approvals.selectors import approval_state
-from approvals.vocabulary import OPERATOR_PREFIX
+from approvals.vocabulary import OPERATOR_PREFIX, AuditKind
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
 from reconciliation.operations import ALLOWED_FROM
@@ -291,7 +292,8 @@ def timeline_rows(timeline: Timeline) -> list[TimelineRow]:
         if event.message_id:
             details.append(("message", event.message_id))
         flag = ""
-        if event.decision in ("replayed", "scope_mismatch", "unknown_token", "refused"):
+        # The review page's security events: a refused use of an approval, a refused report.
+        if event.decision in SECURITY_DECISIONS or event.kind == AuditKind.EFFECT_REPORT_REFUSED:
             flag = "security"
         elif event.kind.startswith(OPERATOR_PREFIX):
             flag = "decision"

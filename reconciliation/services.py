@@ -17,7 +17,7 @@ from django.db import transaction
 
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
 from approvals.services import ServiceError, audit_record, db_now
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, EventDecision, EventReason
 from reconciliation import credentials
 from reconciliation.dispatch import current_epoch
 from reconciliation.models import (
@@ -95,8 +95,8 @@ def command_report_effect(
                 tenant=tenant,
                 occurrence=command.occurrence_id,
                 actor=actor,
-                decision="refused",
-                reason_code="other_execution",
+                decision=EventDecision.REFUSED,
+                reason_code=EventReason.OTHER_EXECUTION,
                 execution_id=execution_id,
                 command_id=command.pk,
                 data={"epoch": epoch.number, "outcome": outcome},
@@ -137,7 +137,7 @@ def command_report_effect(
             occurrence=command.occurrence_id,
             actor=actor,
             decision=target,
-            reason_code=f"reported_{outcome}",
+            reason_code=EventReason.reported(outcome),
             execution_id=execution_id,
             command_id=command.pk,
             data={"receipt": receipt, "detail": detail, "epoch": epoch.number},
@@ -155,7 +155,7 @@ def command_report_effect(
                 tenant=tenant,
                 occurrence=command.occurrence_id,
                 actor=actor,
-                decision="interrupted",
+                decision=EventDecision.INTERRUPTED,
                 reason_code=Interruption.Kind.AUTH_CHALLENGE,
                 execution_id=execution_id,
                 command_id=command.pk,
@@ -319,7 +319,7 @@ def epoch_admit(
             tenant=command.tenant_id,
             occurrence=command.occurrence_id,
             actor=decided_by,
-            decision="admitted",
+            decision=EventDecision.ADMITTED,
             reason_code=admission.justification,
             execution_id=execution_id,
             command_id=command.pk,
@@ -378,7 +378,7 @@ def credential_replace(*, tenant: Tenant, adapter: str, secret: str, actor: str)
             kind=AuditKind.CREDENTIALS_REFRESHED,
             tenant=tenant,
             actor=actor,
-            decision="authority_restored",
+            decision=EventDecision.AUTHORITY_RESTORED,
             data={"adapter": adapter},
         )
     outcomes: list[Any] = []
@@ -409,7 +409,7 @@ def credential_replace(*, tenant: Tenant, adapter: str, secret: str, actor: str)
                 tenant=tenant,
                 occurrence=interruption.command.occurrence_id,
                 actor="policy",
-                decision="waiting",
+                decision=EventDecision.WAITING,
                 reason_code=refusal.code,
                 command_id=interruption.command_id,
                 data={"why": refusal.message},

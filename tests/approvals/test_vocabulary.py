@@ -45,3 +45,12 @@ def test_every_reason_a_claim_can_give_is_in_the_vocabulary() -> None:
     claim_code = source[start:end]
     for reason in ClaimReason:
         assert f'"{reason.value}"' not in claim_code, reason
+
+
+def test_the_api_names_every_effect_state() -> None:
+    """The API's effect states are the commands' (``pending`` shown as ``not_sent``)."""
+    from approvals import api
+    from approvals.models import EFFECT_NOT_SENT, Command
+
+    effect_states = {EFFECT_NOT_SENT} | set(Command.State.values) - {Command.State.PENDING}
+    assert set(literal_values(api.EffectState)) == effect_states

@@ -270,3 +270,116 @@ def test_the_surfaces_name_members() -> None:
     # replay_scan runs without Django (the bench imports it bare): its copy is held here.
     assert replay_scan.CLAIM_APPROVED_KIND == AuditKind.CLAIM_APPROVED
     assert AuditKind.CLAIM_APPROVED.startswith(CLAIM_PREFIX)
+
+
+# --- an event's decision and reason ------------------------------------------------------
+
+# Writers of an audit event's ``decision`` and ``reason_code`` (``dispatch._settle`` passes
+# its reason on to ``_audit``).
+EVENT_WORD_WRITERS = WRITERS | {"_settle"}
+EVENT_WORDS = ("decision", "reason_code")
+
+# Every decision and reason the console has stored on an event that is no claim: rows and
+# the chain's hashes hold them, so each stays a member with this very value.
+STORED_EVENT_DECISIONS = {
+    "issued",
+    "rejected",
+    "auto_admitted",
+    "deactivated",
+    "ignored",
+    "interrupted",
+    "admitted",
+    "waiting",
+    "authority_restored",
+    "refused",
+    "delivered",
+    "failed",
+}
+STORED_EVENT_REASONS = {
+    "rejected_by_reviewer",
+    "repeat_of_rejected",
+    "policy_read_only",
+    "approval_expired",
+    "approval_superseded",
+    "expired_unclaimed",
+    "refusals_burst",
+    "other_execution",
+    "attempts_exhausted",
+    "auth_challenge",
+    "refused_before_execution",
+    "ambiguous",
+    "already_committed",
+    "already_rejected",
+    "already_outcome_unknown",
+    "already_reconciled",
+    "already_compensated",
+    "reported_committed",
+    "reported_rejected",
+    "reported_outcome_unknown",
+    "reported_interrupted",
+}
+
+
+def event_words_typed_in(tree: ast.AST) -> list[ast.expr]:
+    """Strings (and f-strings) typed in place as the decision or reason of an event."""
+    suspects: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _name(node.func) in EVENT_WORD_WRITERS:
+            for keyword in node.keywords:
+                if keyword.arg not in EVENT_WORDS:
+                    continue
+                suspects += _strings_in(keyword.value)
+    return suspects
+
+
+def _strings_in(node: ast.expr) -> Iterator[ast.expr]:
+    """Non-empty string constants and f-strings (whole) in ``node``."""
+    if isinstance(node, ast.JoinedStr):
+        yield node
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, str) and node.value:
+            yield node
+    else:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                yield from _strings_in(child)
+
+
+def test_no_event_decision_or_reason_is_typed_as_a_string() -> None:
+    """``decision="rejected"`` or ``reason_code=f"already_{state}"`` where an event is
+    written fails here: the words are ``ClaimDecision``/``EventDecision`` and
+    ``ClaimReason``/``EventReason`` members (or another typed enum's, such as an
+    invocation's justification)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{suspect.lineno}: {ast.unparse(suspect)}"
+        for path, tree in sources()
+        for suspect in event_words_typed_in(tree)
+    ]
+    assert found == []
+
+
+def test_the_scan_sees_a_typed_event_word() -> None:
+    code = (
+        'audit_record(kind=AuditKind.X, decision="rejected", reason_code=EventReason.AMBIGUOUS)\n'
+        '_settle(command, None, state, reason_code=f"already_{state}")\n'
+        '_audit(command, AuditKind.Y, decision=EventDecision.IGNORED, reason_code="")\n'
+    )
+    suspects = event_words_typed_in(ast.parse(code))
+    assert sorted(ast.unparse(s) for s in suspects) == ["'rejected'", "f'already_{state}'"]
+
+
+def test_stored_event_words_keep_their_values() -> None:
+    assert set(vocabulary.EventDecision.values) == STORED_EVENT_DECISIONS
+    assert set(vocabulary.EventReason.values) == STORED_EVENT_REASONS
+    settled = {"committed", "rejected", "outcome_unknown", "reconciled", "compensated"}
+    assert {vocabulary.EventReason.already(state) for state in settled} == {
+        reason for reason in vocabulary.EventReason if reason.startswith(vocabulary.ALREADY_PREFIX)
+    }
+    with pytest.raises(ValueError):
+        vocabulary.EventReason.already(Command.State.PENDING)
+    assert {
+        vocabulary.EventReason.reported(outcome)
+        for outcome in reconciliation_services.ReportedOutcome.ALL
+    } == {
+        reason for reason in vocabulary.EventReason if reason.startswith(vocabulary.REPORTED_PREFIX)
+    }

@@ -33,6 +33,8 @@ from typing import Any, TextIO
 import httpx
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from approvals import models as console_models
+
 # Explicit timeouts: connecting is quick or the console is down; a claim or a token pickup
 # answers in milliseconds, so ten seconds means something is wrong.
 TIMEOUT = httpx.Timeout(connect=3.0, read=10.0, write=10.0, pool=3.0)
@@ -61,7 +63,10 @@ FAULT_MODES = (
     "unavailable",
 )
 # Effects that no longer change by themselves.
-SETTLED = frozenset({"committed", "rejected", "outcome_unknown", "reconciled", "compensated"})
+State = console_models.Command.State
+SETTLED = frozenset(
+    {State.COMMITTED, State.REJECTED, State.OUTCOME_UNKNOWN, State.RECONCILED, State.COMPENSATED}
+)
 # How many steps a console-executed command is watched before the agent stops asking.
 WATCH_STEPS = 90
 
