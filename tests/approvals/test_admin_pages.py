@@ -430,7 +430,11 @@ def test_result_page_queries_do_not_grow_with_rows(
         issue(runtime, reviewer, **refund(200 + n, f"pay_r_{n}"))
     location = revoke_all()
     with django_assert_max_num_queries(few):
-        assert client.get(location).status_code == 200
+        response = client.get(location)
+    assert response.status_code == 200
+    result = parse(response)
+    assert len(row_ids(result)) == 20
+    assert "Revoked 20 of the 20 approvals you previewed." in result.text("result-summary")
 
 
 # --- one approval by fingerprint -----------------------------------------------------------

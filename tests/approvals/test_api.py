@@ -676,6 +676,10 @@ def test_detail_reads_a_fixed_number_of_queries(
         response = runtime.get(f"/api/v1/occurrences/{approved}")
 
     assert response.status_code == 200
+    body = response.json()
+    assert (body["occurrence_id"], body["status"]) == (approved, "claimed")
+    assert body["command"]["execution_id"] == "exec-a"
+    assert [epoch["execution_id"] for epoch in body["epochs"]] == ["exec-a"]
 
 
 def test_audit_stream_reads_a_fixed_number_of_queries_however_many_events(
@@ -699,6 +703,8 @@ def test_audit_stream_reads_a_fixed_number_of_queries_however_many_events(
     ndjson(runtime.get("/api/v1/audit/events?limit=1"))
 
     with django_assert_num_queries(len(thirty)):
-        events = ndjson(runtime.get("/api/v1/audit/events"))
+        response = runtime.get("/api/v1/audit/events")
+        events = ndjson(response)
 
+    assert response.status_code == 200
     assert len(events) == 60

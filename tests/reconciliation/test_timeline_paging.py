@@ -227,6 +227,9 @@ def test_queries_do_not_grow_with_the_history(
     with django_assert_max_num_queries(few_claimed):
         response = ops.get(timeline_url(busy.occurrence_id))
     assert response.status_code == 200
+    busy_page = parse(response)
+    assert len(events_shown(busy_page)) == 50
+    assert invocations_shown(busy_page)
 
 
 def test_each_invocation_appears_once_across_windows_in_time_order(
