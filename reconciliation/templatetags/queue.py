@@ -33,6 +33,8 @@ def queue_row(row: QueueRow, show_tenant: bool) -> SafeString:
     tenant = f"<td>{cell_html(occurrence.tenant.name)}</td>" if show_tenant else ""
     href = cell_html(occurrence_path("reconciliation:timeline", occurrence.pk))
     label = cell_html(item.reason_label)
+    # An id that outlives the poll's swap keeps the keyboard on this link (console.js).
+    link_id = cell_html("queue-link-" + item.key.replace(":", "-"))
     return mark_safe(  # noqa: S308 - every value above went through cell_html
         f'<tr data-item="{cell_html(item.key)}">'
         f'<td class="nowrap"><time datetime="{since.isoformat()}" '
@@ -41,7 +43,8 @@ def queue_row(row: QueueRow, show_tenant: bool) -> SafeString:
         f'<td><code class="tool">{tool}</code></td>'
         f"<td>{money or NO_AMOUNT}</td>"
         f"{tenant}"
-        f'<td><a class="button button--small" href="{href}">Open<span class="visually-hidden"> '
+        f'<td><a id="{link_id}" class="button button--small" href="{href}" '
+        f'data-focus-group="queue-links">Open<span class="visually-hidden"> '
         f"{tool}, {cell_html(item.reason_label.lower())}</span></a></td>"
         "</tr>"
     )

@@ -15,18 +15,22 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from approvals.models import Command, Epoch, Membership
+from approvals import services
+from approvals.models import Approval, Command, Epoch, Membership
 from reconciliation.dispatch import command_dispatch
 from reconciliation.models import OperatorDecision
+from tests.browser.a11y import active_element
 from tests.browser.conftest import Contexts, login
 from tests.browser.test_screenshots import _shoot
-from tests.conftest import Runtime, make_user
+from tests.conftest import Runtime, approve, make_user
 from tests.reconciliation.conftest import claim_command
 from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+# The queue polls every 5 s.
+POLL_TIMEOUT_MS = 15_000
 State = Command.State
 
 
@@ -188,3 +192,54 @@ def test_two_operators_at_once_one_wins_the_other_sees_what_happened(
     expect(second.locator(".dimension").nth(2)).to_contain_text("Reconciled as not committed")
     assert OperatorDecision.objects.count() == 1
     assert Epoch.objects.filter(occurrence_id=message.occurrence_id).count() == 1
+
+
+# --- the queue updates by itself and keeps the keyboard -------------------------------------
+
+
+def _expired_unclaimed(runtime: Runtime, reviewer: Any, ref: str, minutes_ago: int) -> Approval:
+    """An approval that expired unclaimed ``minutes_ago``: an item of the queue."""
+    occurrence_id = runtime.propose(client_ref=ref).json()["occurrence_id"]
+    assert approve(occurrence_id, reviewer).issued
+    expired = timezone.now() - timedelta(minutes=minutes_ago)
+    Approval.objects.filter(occurrence_id=occurrence_id).update(
+        issued_at=expired - timedelta(minutes=15), expires_at=expired
+    )
+    return Approval.objects.get(occurrence_id=occurrence_id)
+
+
+def _renew(approval: Approval) -> None:
+    services.occurrence_renew(occurrence=approval.occurrence, actor="runtime:test")
+
+
+def _queue_link(approval: Approval) -> str:
+    return f"queue-link-expired_unclaimed-{approval.pk}"
+
+
+def test_the_queue_poll_keeps_focus_on_the_open_link_or_its_replacement(
+    page: Page, runtime: Runtime, reviewer: Any, operator: Any
+) -> None:
+    oldest = _expired_unclaimed(runtime, reviewer, "q-a", minutes_ago=30)
+    middle = _expired_unclaimed(runtime, reviewer, "q-b", minutes_ago=20)
+    login(page, operator.username)
+    page.goto("/operations/")
+    page.locator(f"#{_queue_link(oldest)}").focus()
+    assert active_element(page) == f"a#{_queue_link(oldest)}"
+
+    # A new item arrives with the next poll: the list is swapped, focus stays put.
+    newest = _expired_unclaimed(runtime, reviewer, "q-c", minutes_ago=10)
+    expect(page.locator(f"#{_queue_link(newest)}")).to_be_visible(timeout=POLL_TIMEOUT_MS)
+    assert active_element(page) == f"a#{_queue_link(oldest)}"
+
+    # Its item is dealt with elsewhere (the runtime renews the request: back to review)
+    # and leaves: focus goes to the link in its place (oldest first: the next one), not
+    # to <body>.
+    _renew(oldest)
+    expect(page.locator(f"#{_queue_link(oldest)}")).to_have_count(0, timeout=POLL_TIMEOUT_MS)
+    assert active_element(page) == f"a#{_queue_link(middle)}"
+
+    # The rest go too: focus lands on the summary, which says there is nothing left.
+    for approval in (middle, newest):
+        _renew(approval)
+    expect(page.locator("#queue-total")).to_have_text("0", timeout=POLL_TIMEOUT_MS)
+    assert active_element(page) == "p#queue-summary"
