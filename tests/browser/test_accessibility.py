@@ -20,12 +20,14 @@ from tests.browser.a11y import (
     live_regions,
     sideways_overflow,
 )
-from tests.browser.conftest import Contexts, login, propose
+from tests.browser.conftest import Contexts, login, open_review, propose
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_runtime
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 ZOOMED_WIDTH = 640
+# The inbox and the queue poll every 5 s.
+POLL_TIMEOUT_MS = 15_000
 MESSAGE = {"to": "dana@example.com", "subject": "Your refund", "body": "It is on its way."}
 
 
@@ -237,3 +239,94 @@ def test_the_live_region_is_the_only_one_on_a_page_with_a_message(
     expect(page.locator("#decision-message")).to_contain_text("Saved as version 2")
     assert_one_polite_live_region(page)
     expect(page.locator("#live-announcer")).to_contain_text("Saved as version 2")
+
+
+def test_error_pages_revocation_and_what_polls_and_clicks_swap_in(
+    contexts: Contexts,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    admin_user: Any,
+    settings: Any,
+) -> None:
+    """The pages a walk by URL does not reach: the error pages (500, 503, the CSRF 403,
+    the sign-in lockout), the revocation preview and its result, and the parts htmx swaps
+    in after a click (a decision) or a poll (the inbox, the queue)."""
+    settings.ROOT_URLCONF = "tests.error_urls"
+    walk = Walk(contexts)
+    walk.login(reviewer.username)
+    walk.visit("server error", "/reviews/broken/", 500)
+    # Rendered without the request's context (the database is gone): no live region.
+    walk.visit("database unavailable", "/reviews/unavailable/", 503, live=0)
+    for page in (walk.wide, walk.narrow):
+        page.goto("/reviews/")
+        page.context.clear_cookies(name="csrftoken")
+        with page.expect_navigation():
+            page.locator(".signout [type=submit]").click()
+        expect(page.get_by_role("heading", name="This form has expired")).to_be_visible()
+    walk.check("form expired (CSRF)")
+
+    # A decision swaps the panel in: approved, then rejected with a reason.
+    walk.login(reviewer.username)
+    for page in (walk.wide, walk.narrow):
+        open_review(page, propose(runtime))
+        page.locator("#approve-button").click()
+        expect(page.locator("#decision-panel")).to_have_attribute("data-state", "issued")
+    walk.check("review, approved just now (swapped in)")
+    for page in (walk.wide, walk.narrow):
+        open_review(page, propose(runtime))
+        page.locator("#reject-reason").fill("Not for this customer")
+        page.locator("#reject-button").click()
+        expect(page.locator("#decision-panel")).to_have_attribute("data-state", "rejected")
+    walk.check("review, rejected just now (swapped in)")
+    # The inbox's poll swaps its list in.
+    for page in (walk.wide, walk.narrow):
+        page.goto("/reviews/")
+    arrived = propose(runtime, client_ref="arrives-while-open")
+    for page in (walk.wide, walk.narrow):
+        expect(page.locator(f"#review-link-{arrived}")).to_be_visible(timeout=POLL_TIMEOUT_MS)
+    walk.check("inbox, refreshed by its poll")
+
+    # The queue's poll swaps its list in too.
+    walk.login(operator.username)
+    for page in (walk.wide, walk.narrow):
+        page.goto("/operations/")
+    expired = propose(runtime, client_ref="expires-while-open")
+    assert approve(expired, reviewer).issued
+    Approval.objects.filter(occurrence_id=expired).update(
+        issued_at=timezone.now() - timedelta(hours=2),
+        expires_at=timezone.now() - timedelta(hours=1),
+    )
+    for page in (walk.wide, walk.narrow):
+        expect(page.locator("#queue-total")).to_have_text("1", timeout=POLL_TIMEOUT_MS)
+    walk.check("operations queue, refreshed by its poll")
+
+    # The revocation preview, and its result (the second confirmation finds the same
+    # approvals revoked already: the result that lists what was not revoked, and why).
+    for n in range(2):
+        assert approve(propose(runtime, client_ref=f"to-revoke-{n}"), reviewer).issued
+    walk.login(admin_user.username)
+    for page in (walk.wide, walk.narrow):
+        page.goto("/operations/revocations/")
+        page.get_by_role("button", name="Preview").click()
+        expect(page.locator("#confirm-button")).to_be_visible()
+    walk.check("admin: revocation preview")
+    for page in (walk.wide, walk.narrow):
+        page.locator("#confirm-reason").fill("Agent run compromised")
+        with page.expect_navigation():
+            page.locator("#confirm-button").click()
+        expect(page.locator("#result-summary")).to_be_visible()
+    walk.check("admin: revocation result")
+
+    # Five wrong passwords pause signing in: the lockout page, with its alert.
+    for page in (walk.wide, walk.narrow):
+        page.context.clear_cookies()
+        for _ in range(settings.AXES_FAILURE_LIMIT):
+            page.goto("/accounts/login/")
+            page.locator("input[name=username]").fill("mallory")
+            page.locator("input[name=password]").fill("guess")
+            with page.expect_navigation():
+                page.locator("form [type=submit]").first.click()
+        expect(page.get_by_role("heading", name="Sign-in paused")).to_be_visible()
+    walk.check("sign-in paused (lockout)", live=2)
+    walk.assert_clean()
