@@ -1096,6 +1096,39 @@ def claim_tally(occurrence: Occurrence) -> ClaimTally:
     )
 
 
+def claim_tally_of_events(events: Iterable[AuditEvent]) -> ClaimTally:
+    """``claim_tally`` counted in Python, for a history whose every event the page has
+    read already (it fits in one window): the same numbers, without asking again."""
+    claims = sorted((e for e in events if e.kind.startswith(vocabulary.CLAIM_PREFIX)), key=_pk)
+    by_decision: dict[str, int] = {}
+    deliveries: dict[str, int] = {}
+    commands: dict[str, set[uuid.UUID]] = {}
+    replayers: dict[str, None] = {}
+    for claim in claims:
+        decision = claim.decision
+        by_decision[decision] = by_decision.get(decision, 0) + 1
+        if decision in DELIVERED:
+            deliveries[claim.execution_id] = deliveries.get(claim.execution_id, 0) + 1
+        if decision == ClaimDecision.APPROVED:
+            # Distinct commands per approved execution, summed, as the grouped query does.
+            executed = commands.setdefault(claim.execution_id, set())
+            if claim.command_id is not None:
+                executed.add(claim.command_id)
+        elif decision == ClaimDecision.REPLAYED:
+            replayers.setdefault(claim.execution_id)
+    return ClaimTally(
+        by_decision=by_decision,
+        commands=sum(len(executed) for executed in commands.values()),
+        deliveries=list(deliveries.items())[:EVIDENCE_NAMES],
+        replayers=list(replayers)[:EVIDENCE_NAMES],
+        replayer_total=len(replayers),
+    )
+
+
+def _pk(event: AuditEvent) -> int:
+    return event.pk
+
+
 # Counting a long history's claims groups every one of them (thousands for a token a
 # runtime keeps replaying). Audit events are append-only (a trigger refuses UPDATE and
 # DELETE), so the events an occurrence shows only ever grow: their number names them, and
@@ -1235,13 +1268,36 @@ class EffectEvidence:
     epoch: int  # the newest epoch's number
 
 
-def effect_evidence(occurrence: Occurrence, command: Command) -> EffectEvidence:
-    """One query: the newest few effect, recovery and epoch events of the command."""
-    events = list(
-        AuditEvent.objects.filter(
-            occurrence=occurrence, command_id=command.pk, kind__in=vocabulary.EFFECT_KINDS
-        ).order_by("-id")[:20]
-    )
+# The newest effect, recovery and epoch events of a command that its effect line reads.
+EFFECT_EVENTS = 20
+
+
+def effect_evidence(
+    occurrence: Occurrence, command: Command, *, history: Iterable[AuditEvent] | None = None
+) -> EffectEvidence:
+    """One query: the newest few effect, recovery and epoch events of the command; none
+    when ``history`` holds every event of the occurrence (the page read them already)."""
+    if history is not None:
+        events = sorted(
+            (
+                e
+                for e in history
+                if e.command_id == command.pk and e.kind in vocabulary.EFFECT_KINDS
+            ),
+            key=_pk,
+            reverse=True,
+        )[:EFFECT_EVENTS]
+    else:
+        events = list(
+            AuditEvent.objects.filter(
+                occurrence=occurrence, command_id=command.pk, kind__in=vocabulary.EFFECT_KINDS
+            ).order_by("-id")[:EFFECT_EVENTS]
+        )
+    return _effect_evidence_of(events)
+
+
+def _effect_evidence_of(events: list[AuditEvent]) -> EffectEvidence:
+    """From the command's effect events, newest first."""
     latest = next((e for e in events if e.kind.startswith(vocabulary.EFFECT_PREFIX)), None)
     interruption = None
     for event in events:
@@ -1298,24 +1354,34 @@ def review_snapshot(
         rejector = next((e.actor for e in shown if e.kind == AuditKind.OCCURRENCE_REJECTED), "")
         if not rejector and history.total > len(history.events):
             rejector = rejected_by(occurrence)
+    # A history that fits in its window is on the page whole: its claims and its effect
+    # line are counted from the events read, not asked for again.
+    whole = history.events if history.earlier == 0 and history.latest else None
+    claims = None
+    if decision.state == PanelState.CONSUMED:
+        claims = (
+            claim_tally_of_events(whole)
+            if whole is not None
+            else claim_tally_of_history(
+                occurrence,
+                events=annotated.history_total or 0,
+                last_event_id=annotated.fresh_event_id,
+            )
+        )
     return ReviewSnapshot(
         occurrence=occurrence,
         decision=decision,
         freshness=Freshness.of(occurrence),
         history=history,
         rejected_by=rejector,
-        claims=(
-            claim_tally_of_history(
-                occurrence,
-                events=annotated.history_total or 0,
-                last_event_id=annotated.fresh_event_id,
-            )
-            if decision.state == PanelState.CONSUMED
-            else None
-        ),
+        claims=claims,
         reviewer_names=tenant_reviewer_names(occurrence.tenant_id) if undecided else [],
         now=now,
-        effect=effect_evidence(occurrence, decision.command) if decision.command else None,
+        effect=(
+            effect_evidence(occurrence, decision.command, history=whole)
+            if decision.command
+            else None
+        ),
     )
 
 
