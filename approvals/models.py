@@ -772,6 +772,13 @@ class AuditIngestion(models.Model):
         return f"ingestion {self.pk}: {self.new} new, {self.duplicates} duplicates"
 
 
+# The events an investigation's verdict rests on: approved claims and committed effects.
+# Queries name them with this very condition, which the audit_decisive_* indexes share.
+DECISIVE_EVENTS = Q(decision=vocabulary.ClaimDecision.APPROVED) | Q(
+    kind=vocabulary.AuditKind.EFFECT_COMMITTED
+)
+
+
 class AuditEvent(models.Model):
     """Append-only evidence. ``event_id`` is the producer's; ``id`` is the ingestion's.
 
@@ -862,6 +869,26 @@ class AuditEvent(models.Model):
                 fields=["command_id", "id"],
                 condition=Q(kind__in=vocabulary.EFFECT_KINDS),
                 name="audit_command_effects",
+            ),
+            # An investigation's decisive events (what its verdict rests on), one index per
+            # way its chain names an event, so that a chain of thousands of refused
+            # replays is not read to find its one approved claim. Few rows: one or two per
+            # approval.
+            models.Index(
+                fields=["tenant", "token_fingerprint"],
+                condition=DECISIVE_EVENTS,
+                name="audit_decisive_fingerprint",
+            ),
+            models.Index(
+                fields=["tenant", "execution_id"],
+                condition=DECISIVE_EVENTS,
+                name="audit_decisive_execution",
+            ),
+            models.Index(
+                fields=["occurrence"], condition=DECISIVE_EVENTS, name="audit_decisive_occurrence"
+            ),
+            models.Index(
+                fields=["command_id"], condition=DECISIVE_EVENTS, name="audit_decisive_command"
             ),
         ]
         constraints = [

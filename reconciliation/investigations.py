@@ -38,6 +38,7 @@ from django.utils.safestring import SafeString
 from approvals import tokens, vocabulary
 from approvals.links import occurrence_path
 from approvals.models import (
+    DECISIVE_EVENTS,
     Approval,
     AuditDuplicateDelivery,
     AuditEvent,
@@ -47,7 +48,7 @@ from approvals.models import (
     Proposal,
 )
 from approvals.presenters import MoneyLine, money_lines, reveal_html
-from approvals.selectors import effective_approval_state, parse_uuid
+from approvals.selectors import effective_approval_state, parse_uuid, snapshot
 from approvals.vocabulary import AuditKind, ClaimDecision
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
@@ -345,14 +346,17 @@ def _plural(n: int, one: str, many: str = "") -> str:
 
 
 LISTED = 5  # the items a verdict's fact names before "and N more"
+TITLE_VALUES = 20  # the values a count's tooltip names
 
 
-def _listing(items: list[str], most: int = LISTED, *, total: int | None = None) -> str:
+def _listing(
+    items: list[str], most: int = LISTED, *, total: int | None = None, separator: str = "; "
+) -> str:
     """The first ``most`` items, and how many more of ``total`` (``len(items)``) there are:
     a caller with hundreds of items may pass only the first ``most``, formatted."""
     shown = items[:most]
     rest = (len(items) if total is None else total) - len(shown)
-    return "; ".join(shown) + (f"; and {rest} more" if rest else "")
+    return separator.join(shown) + (f"{separator}and {rest} more" if rest else "")
 
 
 def _at(moment: datetime | None) -> str:
@@ -820,7 +824,13 @@ def investigation_get(
     ``q`` is matched exactly against token fingerprints and execution ids (of audit events
     and approvals) and, when it is a UUID, occurrence and command ids (of the console's
     rows, and of events other producers sent). What matches gives the occurrences,
-    fingerprints and commands whose records are then read together."""
+    fingerprints and commands whose records are then read together, as of one moment: a
+    claim committing meanwhile is in all of them or in none."""
+    with snapshot():
+        return _investigation_get(q=q, tenant_ids=tenant_ids, now=now)
+
+
+def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -> Investigation:
     now = now or timezone.now()
     pk = parse_uuid(q) if q else None
     empty = Investigation(q, Facts(), [], [], [], False)
@@ -913,17 +923,20 @@ def investigation_get(
         | Q(token_fingerprint__in=fingerprints)
         | Q(command_id__in=command_ids, ingestion__isnull=False)
     )
-    total = chain.count()
     # Read as plain values, never as models: a chain of hundreds of events is read on every
     # request, and building (and decoding the payload of) each model cost more than the
     # query. Only an effect's receipt is read from the payload.
     rows: QuerySet[AuditEvent, tuple[Any, ...]] = chain.annotate(
         receipt_value=F("data__receipt")
     ).values_list(*_EVENT_COLUMNS)
-    decisive = list(
-        rows.filter(Q(decision=APPROVED) | Q(kind=COMMITTED_KIND)).order_by("id")[:DECISIVE_LIMIT]
-    )
     newest = list(rows.order_by("-id")[:EVENT_LIMIT])
+    if len(newest) < EVENT_LIMIT:
+        # The whole chain: its decisive events are among the newest, and counted.
+        decisive, total = [], len(newest)
+    else:
+        # Found by the audit_decisive_* indexes, however many refusals surround them.
+        decisive = list(rows.filter(DECISIVE_EVENTS).order_by("id")[:DECISIVE_LIMIT])
+        total = chain.count()
     events = sorted(
         {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
         key=lambda e: e.pk,
@@ -1145,6 +1158,12 @@ class Count:
     @property
     def label(self) -> str:
         return self.one if self.value == 1 else self.many
+
+    @property
+    def title(self) -> str:
+        """The first values counted, and how many more (a chain of thousands of replays
+        counts as many executions: a tooltip cannot list them, the chain below does)."""
+        return _listing(self.values, TITLE_VALUES, separator=", ")
 
 
 def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:

@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,263 +16,652 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Occurrence',
+            name="Occurrence",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('run_id', models.CharField(max_length=200)),
-                ('reason', models.TextField(blank=True)),
-                ('requested_by', models.CharField(blank=True, max_length=150)),
-                ('client_ref', models.CharField(blank=True, max_length=200)),
-                ('status', models.CharField(choices=[('pending_review', 'Pending review'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('auto_admitted', 'Auto-admitted'), ('claimed', 'Claimed'), ('revoked', 'Revoked')], db_index=True, default='pending_review', max_length=32)),
-                ('admission_justification', models.CharField(blank=True, max_length=64)),
-                ('rejection_reason', models.TextField(blank=True)),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("run_id", models.CharField(max_length=200)),
+                ("reason", models.TextField(blank=True)),
+                ("requested_by", models.CharField(blank=True, max_length=150)),
+                ("client_ref", models.CharField(blank=True, max_length=200)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending_review", "Pending review"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("auto_admitted", "Auto-admitted"),
+                            ("claimed", "Claimed"),
+                            ("revoked", "Revoked"),
+                        ],
+                        db_index=True,
+                        default="pending_review",
+                        max_length=32,
+                    ),
+                ),
+                ("admission_justification", models.CharField(blank=True, max_length=64)),
+                ("rejection_reason", models.TextField(blank=True)),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RuntimeKey',
+            name="RuntimeKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('key_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(max_length=16)),
-                ('is_active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("key_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(max_length=16)),
+                ("is_active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Tenant',
+            name="Tenant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(max_length=64, unique=True)),
-                ('name', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(max_length=64, unique=True)),
+                ("name", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Epoch',
+            name="Epoch",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('number', models.PositiveIntegerField()),
-                ('execution_id', models.CharField(max_length=200)),
-                ('justification', models.CharField(choices=[('approval', 'Fresh approval'), ('read_only', 'Read-only tool'), ('idempotent_with_key', 'Idempotent with key'), ('not_sent', 'Earlier effect known not sent'), ('reconciled_not_committed', 'Reconciled as not committed'), ('ambiguity_accepted', 'Operator accepted the ambiguity')], max_length=32)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('previous', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='next', to='approvals.epoch')),
-                ('occurrence', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='epochs', to='approvals.occurrence')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("execution_id", models.CharField(max_length=200)),
+                (
+                    "justification",
+                    models.CharField(
+                        choices=[
+                            ("approval", "Fresh approval"),
+                            ("read_only", "Read-only tool"),
+                            ("idempotent_with_key", "Idempotent with key"),
+                            ("not_sent", "Earlier effect known not sent"),
+                            ("reconciled_not_committed", "Reconciled as not committed"),
+                            ("ambiguity_accepted", "Operator accepted the ambiguity"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "previous",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="next",
+                        to="approvals.epoch",
+                    ),
+                ),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="epochs",
+                        to="approvals.occurrence",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['occurrence', 'number'],
+                "ordering": ["occurrence", "number"],
             },
         ),
         migrations.CreateModel(
-            name='Proposal',
+            name="Proposal",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveIntegerField()),
-                ('canonical_action', models.TextField(help_text='RFC 8785 canonical JSON of the action.')),
-                ('action_digest', models.CharField(max_length=64)),
-                ('is_current', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('edited_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('occurrence', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='proposals', to='approvals.occurrence')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("version", models.PositiveIntegerField()),
+                (
+                    "canonical_action",
+                    models.TextField(help_text="RFC 8785 canonical JSON of the action."),
+                ),
+                ("action_digest", models.CharField(max_length=64)),
+                ("is_current", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "edited_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="proposals",
+                        to="approvals.occurrence",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['occurrence', 'version'],
+                "ordering": ["occurrence", "version"],
             },
         ),
         migrations.CreateModel(
-            name='ApprovalVote',
+            name="ApprovalVote",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seen_digest', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('reviewer', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('proposal', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='votes', to='approvals.proposal')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seen_digest", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "proposal",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="votes",
+                        to="approvals.proposal",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at'],
+                "ordering": ["created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Approval',
+            name="Approval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tool_name', models.CharField(max_length=100)),
-                ('action_digest', models.CharField(max_length=64)),
-                ('proposal_version', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('issued', 'Issued'), ('consumed', 'Consumed'), ('expired', 'Expired'), ('revoked', 'Revoked')], default='issued', max_length=16)),
-                ('token_hash', models.CharField(blank=True, max_length=64, null=True, unique=True)),
-                ('fingerprint', models.CharField(blank=True, db_index=True, max_length=16)),
-                ('issued_at', models.DateTimeField()),
-                ('expires_at', models.DateTimeField()),
-                ('delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('superseded_at', models.DateTimeField(blank=True, null=True)),
-                ('consumed_at', models.DateTimeField(blank=True, null=True)),
-                ('consumed_by_execution', models.CharField(blank=True, max_length=200)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_by', models.CharField(blank=True, max_length=150)),
-                ('revoke_reason', models.TextField(blank=True)),
-                ('approver', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('occurrence', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approvals.occurrence')),
-                ('proposal', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='approval', to='approvals.proposal')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approvals.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("tool_name", models.CharField(max_length=100)),
+                ("action_digest", models.CharField(max_length=64)),
+                ("proposal_version", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("issued", "Issued"),
+                            ("consumed", "Consumed"),
+                            ("expired", "Expired"),
+                            ("revoked", "Revoked"),
+                        ],
+                        default="issued",
+                        max_length=16,
+                    ),
+                ),
+                ("token_hash", models.CharField(blank=True, max_length=64, null=True, unique=True)),
+                ("fingerprint", models.CharField(blank=True, db_index=True, max_length=16)),
+                ("issued_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
+                ("delivered_at", models.DateTimeField(blank=True, null=True)),
+                ("superseded_at", models.DateTimeField(blank=True, null=True)),
+                ("consumed_at", models.DateTimeField(blank=True, null=True)),
+                ("consumed_by_execution", models.CharField(blank=True, max_length=200)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_by", models.CharField(blank=True, max_length=150)),
+                ("revoke_reason", models.TextField(blank=True)),
+                (
+                    "approver",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approvals",
+                        to="approvals.occurrence",
+                    ),
+                ),
+                (
+                    "proposal",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approval",
+                        to="approvals.proposal",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approvals",
+                        to="approvals.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='occurrence',
-            name='runtime_key',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='occurrences', to='approvals.runtimekey'),
+            model_name="occurrence",
+            name="runtime_key",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="occurrences",
+                to="approvals.runtimekey",
+            ),
         ),
         migrations.AddField(
-            model_name='runtimekey',
-            name='tenant',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runtime_keys', to='approvals.tenant'),
+            model_name="runtimekey",
+            name="tenant",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="runtime_keys",
+                to="approvals.tenant",
+            ),
         ),
         migrations.AddField(
-            model_name='occurrence',
-            name='tenant',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='occurrences', to='approvals.tenant'),
+            model_name="occurrence",
+            name="tenant",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="occurrences",
+                to="approvals.tenant",
+            ),
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('reviewer', 'Reviewer'), ('operator', 'Operator'), ('admin', 'Admin')], max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='approvals.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("reviewer", "Reviewer"),
+                            ("operator", "Operator"),
+                            ("admin", "Admin"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="approvals.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Command',
+            name="Command",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('execution_id', models.CharField(max_length=200)),
-                ('idempotency_key', models.CharField(max_length=80, unique=True)),
-                ('action_digest', models.CharField(max_length=64)),
-                ('state', models.CharField(choices=[('pending', 'Pending dispatch'), ('dispatched', 'Dispatched'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('outcome_unknown', 'Outcome unknown')], default='pending', max_length=32)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('approval', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='command', to='approvals.approval')),
-                ('epoch', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='command', to='approvals.epoch')),
-                ('occurrence', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='commands', to='approvals.occurrence')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='commands', to='approvals.tenant')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("execution_id", models.CharField(max_length=200)),
+                ("idempotency_key", models.CharField(max_length=80, unique=True)),
+                ("action_digest", models.CharField(max_length=64)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending dispatch"),
+                            ("dispatched", "Dispatched"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("outcome_unknown", "Outcome unknown"),
+                        ],
+                        default="pending",
+                        max_length=32,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "approval",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="command",
+                        to="approvals.approval",
+                    ),
+                ),
+                (
+                    "epoch",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="command",
+                        to="approvals.epoch",
+                    ),
+                ),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="commands",
+                        to="approvals.occurrence",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="commands",
+                        to="approvals.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at'],
+                "ordering": ["created_at"],
             },
         ),
         migrations.CreateModel(
-            name='AuditEvent',
+            name="AuditEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.UUIDField(db_index=True, default=uuid.uuid4)),
-                ('kind', models.CharField(max_length=64)),
-                ('actor', models.CharField(blank=True, max_length=150)),
-                ('token_fingerprint', models.CharField(blank=True, max_length=16)),
-                ('decision', models.CharField(blank=True, max_length=32)),
-                ('reason_code', models.CharField(blank=True, max_length=64)),
-                ('execution_id', models.CharField(blank=True, max_length=200)),
-                ('message_id', models.CharField(blank=True, max_length=200)),
-                ('command_id', models.UUIDField(blank=True, null=True)),
-                ('trace_id', models.CharField(blank=True, max_length=64)),
-                ('source_time', models.DateTimeField()),
-                ('ingested_at', models.DateTimeField(auto_now_add=True)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('occurrence', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='audit_events', to='approvals.occurrence')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='audit_events', to='approvals.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("event_id", models.UUIDField(db_index=True, default=uuid.uuid4)),
+                ("kind", models.CharField(max_length=64)),
+                ("actor", models.CharField(blank=True, max_length=150)),
+                ("token_fingerprint", models.CharField(blank=True, max_length=16)),
+                ("decision", models.CharField(blank=True, max_length=32)),
+                ("reason_code", models.CharField(blank=True, max_length=64)),
+                ("execution_id", models.CharField(blank=True, max_length=200)),
+                ("message_id", models.CharField(blank=True, max_length=200)),
+                ("command_id", models.UUIDField(blank=True, null=True)),
+                ("trace_id", models.CharField(blank=True, max_length=64)),
+                ("source_time", models.DateTimeField()),
+                ("ingested_at", models.DateTimeField(auto_now_add=True)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="audit_events",
+                        to="approvals.occurrence",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="audit_events",
+                        to="approvals.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='ToolContract',
+            name="ToolContract",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('description', models.TextField(blank=True)),
-                ('json_schema', models.JSONField(help_text="JSON Schema (2020-12) of the tool's arguments.")),
-                ('replay_safety', models.CharField(choices=[('read_only', 'Read-only'), ('idempotent_with_key', 'Idempotent with key'), ('effect_queryable', 'Effect queryable'), ('unsafe', 'Unsafe')], default='unsafe', max_length=32)),
-                ('risk', models.CharField(choices=[('low', 'Low'), ('medium', 'Medium'), ('high', 'High')], default='medium', max_length=16)),
-                ('adapter', models.CharField(blank=True, max_length=100)),
-                ('auto_admit', models.BooleanField(default=False, help_text='Admit calls by policy, without review. Only for read-only tools.')),
-                ('approval_lifetime', models.DurationField(default=datetime.timedelta(seconds=900))),
-                ('approvals_required', models.PositiveSmallIntegerField(default=1, help_text='Distinct approvers needed (above the quorum threshold, if one is set).')),
-                ('quorum_amount_argument', models.CharField(blank=True, help_text='Integer argument compared with the threshold, e.g. amount_minor.', max_length=100)),
-                ('quorum_threshold_minor', models.BigIntegerField(blank=True, help_text='The quorum applies only when the amount argument is above this value.', null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("description", models.TextField(blank=True)),
+                (
+                    "json_schema",
+                    models.JSONField(help_text="JSON Schema (2020-12) of the tool's arguments."),
+                ),
+                (
+                    "replay_safety",
+                    models.CharField(
+                        choices=[
+                            ("read_only", "Read-only"),
+                            ("idempotent_with_key", "Idempotent with key"),
+                            ("effect_queryable", "Effect queryable"),
+                            ("unsafe", "Unsafe"),
+                        ],
+                        default="unsafe",
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "risk",
+                    models.CharField(
+                        choices=[("low", "Low"), ("medium", "Medium"), ("high", "High")],
+                        default="medium",
+                        max_length=16,
+                    ),
+                ),
+                ("adapter", models.CharField(blank=True, max_length=100)),
+                (
+                    "auto_admit",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Admit calls by policy, without review. Only for read-only tools.",
+                    ),
+                ),
+                (
+                    "approval_lifetime",
+                    models.DurationField(default=datetime.timedelta(seconds=900)),
+                ),
+                (
+                    "approvals_required",
+                    models.PositiveSmallIntegerField(
+                        default=1,
+                        help_text="Distinct approvers needed (above the quorum threshold, if one is set).",
+                    ),
+                ),
+                (
+                    "quorum_amount_argument",
+                    models.CharField(
+                        blank=True,
+                        help_text="Integer argument compared with the threshold, e.g. amount_minor.",
+                        max_length=100,
+                    ),
+                ),
+                (
+                    "quorum_threshold_minor",
+                    models.BigIntegerField(
+                        blank=True,
+                        help_text="The quorum applies only when the amount argument is above this value.",
+                        null=True,
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.CheckConstraint(condition=models.Q(('auto_admit', False), ('replay_safety', 'read_only'), _connector='OR'), name='contract_auto_admit_read_only'), models.CheckConstraint(condition=models.Q(('approvals_required__gte', 1)), name='contract_approvals_required_positive'), models.CheckConstraint(condition=models.Q(('approval_lifetime__gt', datetime.timedelta(0))), name='contract_approval_lifetime_positive')],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("auto_admit", False), ("replay_safety", "read_only"), _connector="OR"
+                        ),
+                        name="contract_auto_admit_read_only",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("approvals_required__gte", 1)),
+                        name="contract_approvals_required_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("approval_lifetime__gt", datetime.timedelta(0))),
+                        name="contract_approval_lifetime_positive",
+                    ),
+                ],
             },
         ),
         migrations.AddField(
-            model_name='occurrence',
-            name='tool',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='occurrences', to='approvals.toolcontract'),
+            model_name="occurrence",
+            name="tool",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="occurrences",
+                to="approvals.toolcontract",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='epoch',
-            constraint=models.UniqueConstraint(fields=('occurrence', 'number'), name='epoch_number_unique'),
+            model_name="epoch",
+            constraint=models.UniqueConstraint(
+                fields=("occurrence", "number"), name="epoch_number_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='proposal',
-            constraint=models.UniqueConstraint(fields=('occurrence', 'version'), name='proposal_version_unique'),
+            model_name="proposal",
+            constraint=models.UniqueConstraint(
+                fields=("occurrence", "version"), name="proposal_version_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='proposal',
-            constraint=models.UniqueConstraint(condition=models.Q(('is_current', True)), fields=('occurrence',), name='proposal_one_current'),
+            model_name="proposal",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("is_current", True)),
+                fields=("occurrence",),
+                name="proposal_one_current",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approvalvote',
-            constraint=models.UniqueConstraint(fields=('proposal', 'reviewer'), name='vote_one_per_reviewer'),
+            model_name="approvalvote",
+            constraint=models.UniqueConstraint(
+                fields=("proposal", "reviewer"), name="vote_one_per_reviewer"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='runtimekey',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='runtime_key_name_unique'),
+            model_name="runtimekey",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "name"), name="runtime_key_name_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='membership',
-            constraint=models.UniqueConstraint(fields=('user', 'tenant', 'role'), name='membership_unique'),
+            model_name="membership",
+            constraint=models.UniqueConstraint(
+                fields=("user", "tenant", "role"), name="membership_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='membership',
-            constraint=models.CheckConstraint(condition=models.Q(('role__in', ['reviewer', 'operator', 'admin'])), name='membership_role_valid'),
+            model_name="membership",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("role__in", ["reviewer", "operator", "admin"])),
+                name="membership_role_valid",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['tenant', 'id'], name='approvals_a_tenant__01c198_idx'),
+            model_name="auditevent",
+            index=models.Index(fields=["tenant", "id"], name="approvals_a_tenant__01c198_idx"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['occurrence', 'id'], name='approvals_a_occurre_347f19_idx'),
+            model_name="auditevent",
+            index=models.Index(fields=["occurrence", "id"], name="approvals_a_occurre_347f19_idx"),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.CheckConstraint(condition=models.Q(('expires_at__gt', models.F('issued_at'))), name='approval_expiry_after_issue'),
+            model_name="approval",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("expires_at__gt", models.F("issued_at"))),
+                name="approval_expiry_after_issue",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'consumed'), _negated=True), models.Q(('consumed_at__isnull', False), models.Q(('consumed_by_execution', ''), _negated=True)), _connector='OR'), name='approval_consumed_has_execution'),
+            model_name="approval",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "consumed"), _negated=True),
+                    models.Q(
+                        ("consumed_at__isnull", False),
+                        models.Q(("consumed_by_execution", ""), _negated=True),
+                    ),
+                    _connector="OR",
+                ),
+                name="approval_consumed_has_execution",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'consumed'), _negated=True), ('token_hash__isnull', False), _connector='OR'), name='approval_consumed_was_delivered'),
+            model_name="approval",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "consumed"), _negated=True),
+                    ("token_hash__isnull", False),
+                    _connector="OR",
+                ),
+                name="approval_consumed_was_delivered",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='approval',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'revoked'), _negated=True), ('revoked_at__isnull', False), _connector='OR'), name='approval_revoked_has_time'),
+            model_name="approval",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("state", "revoked"), _negated=True),
+                    ("revoked_at__isnull", False),
+                    _connector="OR",
+                ),
+                name="approval_revoked_has_time",
+            ),
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['tenant', 'status', '-created_at'], name='approvals_o_tenant__2dde74_idx'),
+            model_name="occurrence",
+            index=models.Index(
+                fields=["tenant", "status", "-created_at"], name="approvals_o_tenant__2dde74_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.UniqueConstraint(condition=models.Q(('client_ref', ''), _negated=True), fields=('tenant', 'client_ref'), name='occurrence_client_ref_unique'),
+            model_name="occurrence",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("client_ref", ""), _negated=True),
+                fields=("tenant", "client_ref"),
+                name="occurrence_client_ref_unique",
+            ),
         ),
     ]

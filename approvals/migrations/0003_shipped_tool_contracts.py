@@ -45,7 +45,12 @@ CONTRACTS = [
             "additionalProperties": False,
             "required": ["to", "subject", "body"],
             "properties": {
-                "to": {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"},
+                "to": {
+                    "type": "string",
+                    "minLength": 3,
+                    "maxLength": 320,
+                    "pattern": "^[^@\\s]+@[^@\\s]+$",
+                },
                 "subject": {"type": "string", "minLength": 1, "maxLength": 200},
                 "body": {"type": "string", "minLength": 1, "maxLength": 20000},
             },

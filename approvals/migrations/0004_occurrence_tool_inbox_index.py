@@ -4,14 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0003_shipped_tool_contracts'),
+        ("approvals", "0003_shipped_tool_contracts"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['tenant', 'tool', 'status', '-created_at'], name='approvals_o_tenant__d35f31_idx'),
+            model_name="occurrence",
+            index=models.Index(
+                fields=["tenant", "tool", "status", "-created_at"],
+                name="approvals_o_tenant__d35f31_idx",
+            ),
         ),
     ]

@@ -5,44 +5,75 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0004_occurrence_tool_inbox_index'),
+        ("approvals", "0004_occurrence_tool_inbox_index"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='command',
-            name='executed_by',
-            field=models.CharField(choices=[('console', 'The console (adapter)'), ('runtime', 'The agent runtime')], default='console', max_length=16),
+            model_name="command",
+            name="executed_by",
+            field=models.CharField(
+                choices=[("console", "The console (adapter)"), ("runtime", "The agent runtime")],
+                default="console",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='command',
-            name='updated_at',
+            model_name="command",
+            name="updated_at",
             field=models.DateTimeField(auto_now=True),
         ),
         migrations.AddField(
-            model_name='toolcontract',
-            name='max_attempts',
-            field=models.PositiveSmallIntegerField(default=3, help_text='Adapter calls per epoch, the first included.'),
+            model_name="toolcontract",
+            name="max_attempts",
+            field=models.PositiveSmallIntegerField(
+                default=3, help_text="Adapter calls per epoch, the first included."
+            ),
         ),
         migrations.AddField(
-            model_name='toolcontract',
-            name='retry_backoff',
-            field=models.DurationField(default=datetime.timedelta(seconds=2), help_text='Wait before the second call; doubled before each later one.'),
+            model_name="toolcontract",
+            name="retry_backoff",
+            field=models.DurationField(
+                default=datetime.timedelta(seconds=2),
+                help_text="Wait before the second call; doubled before each later one.",
+            ),
         ),
         migrations.AlterField(
-            model_name='command',
-            name='state',
-            field=models.CharField(choices=[('pending', 'Not sent'), ('sending', 'Sending'), ('committed', 'Committed'), ('rejected', 'Rejected'), ('outcome_unknown', 'Outcome unknown'), ('reconciled', 'Reconciled'), ('compensated', 'Compensated')], default='pending', max_length=32),
+            model_name="command",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("pending", "Not sent"),
+                    ("sending", "Sending"),
+                    ("committed", "Committed"),
+                    ("rejected", "Rejected"),
+                    ("outcome_unknown", "Outcome unknown"),
+                    ("reconciled", "Reconciled"),
+                    ("compensated", "Compensated"),
+                ],
+                default="pending",
+                max_length=32,
+            ),
         ),
         migrations.AlterField(
-            model_name='epoch',
-            name='justification',
-            field=models.CharField(choices=[('approval', 'Fresh approval'), ('read_only', 'Read-only tool'), ('idempotent_with_key', 'Idempotent with key'), ('not_sent', 'Earlier effect known not sent'), ('rejected', 'Earlier effect rejected before execution'), ('reconciled_not_committed', 'Reconciled as not committed'), ('ambiguity_accepted', 'Operator accepted the ambiguity')], max_length=32),
+            model_name="epoch",
+            name="justification",
+            field=models.CharField(
+                choices=[
+                    ("approval", "Fresh approval"),
+                    ("read_only", "Read-only tool"),
+                    ("idempotent_with_key", "Idempotent with key"),
+                    ("not_sent", "Earlier effect known not sent"),
+                    ("rejected", "Earlier effect rejected before execution"),
+                    ("reconciled_not_committed", "Reconciled as not committed"),
+                    ("ambiguity_accepted", "Operator accepted the ambiguity"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.AddIndex(
-            model_name='command',
-            index=models.Index(fields=['state', 'updated_at'], name='command_state_updated'),
+            model_name="command",
+            index=models.Index(fields=["state", "updated_at"], name="command_state_updated"),
         ),
     ]

@@ -44,8 +44,12 @@ CONTRACTS.append(
             "additionalProperties": False,
             "required": ["case_id"],
             "properties": {
-                "case_id": {"type": "string", "minLength": 1, "maxLength": 100,
-                            "pattern": "^[A-Za-z0-9_-]+$"},
+                "case_id": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 100,
+                    "pattern": "^[A-Za-z0-9_-]+$",
+                },
             },
         },
     }

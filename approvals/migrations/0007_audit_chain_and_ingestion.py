@@ -6,138 +6,264 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0006_shipped_contracts_executed_by'),
+        ("approvals", "0006_shipped_contracts_executed_by"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AuditChainHead',
+            name="AuditChainHead",
             fields=[
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, primary_key=True, related_name='audit_chain_head', serialize=False, to='approvals.tenant')),
-                ('seq', models.PositiveBigIntegerField(default=0)),
-                ('hash', models.CharField(default='0000000000000000000000000000000000000000000000000000000000000000', max_length=64)),
-                ('chained_through', models.BigIntegerField(default=0)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        primary_key=True,
+                        related_name="audit_chain_head",
+                        serialize=False,
+                        to="approvals.tenant",
+                    ),
+                ),
+                ("seq", models.PositiveBigIntegerField(default=0)),
+                (
+                    "hash",
+                    models.CharField(
+                        default="0000000000000000000000000000000000000000000000000000000000000000",
+                        max_length=64,
+                    ),
+                ),
+                ("chained_through", models.BigIntegerField(default=0)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='AuditDuplicateDelivery',
+            name="AuditDuplicateDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.UUIDField(help_text="The producer's event id, the original's too.")),
-                ('line', models.PositiveIntegerField(help_text='Line number in the batch, from 1.')),
-                ('payload', models.JSONField(help_text='The line as delivered.')),
-                ('same_payload', models.BooleanField(help_text='Whether the line says what the stored event says.')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "event_id",
+                    models.UUIDField(help_text="The producer's event id, the original's too."),
+                ),
+                (
+                    "line",
+                    models.PositiveIntegerField(help_text="Line number in the batch, from 1."),
+                ),
+                ("payload", models.JSONField(help_text="The line as delivered.")),
+                (
+                    "same_payload",
+                    models.BooleanField(
+                        help_text="Whether the line says what the stored event says."
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='AuditIngestion',
+            name="AuditIngestion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('received', models.PositiveIntegerField(help_text='Lines in the batch.')),
-                ('new', models.PositiveIntegerField(help_text='Lines stored as new events.')),
-                ('duplicates', models.PositiveIntegerField(help_text='Lines whose producer event was stored.')),
-                ('trace_id', models.CharField(blank=True, max_length=64)),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("received", models.PositiveIntegerField(help_text="Lines in the batch.")),
+                ("new", models.PositiveIntegerField(help_text="Lines stored as new events.")),
+                (
+                    "duplicates",
+                    models.PositiveIntegerField(help_text="Lines whose producer event was stored."),
+                ),
+                ("trace_id", models.CharField(blank=True, max_length=64)),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.AddField(
-            model_name='auditevent',
-            name='chain_seq',
+            model_name="auditevent",
+            name="chain_seq",
             field=models.PositiveBigIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
-            model_name='auditevent',
-            name='hash',
+            model_name="auditevent",
+            name="hash",
             field=models.CharField(blank=True, editable=False, max_length=64, null=True),
         ),
         migrations.AddField(
-            model_name='auditevent',
-            name='prev_hash',
+            model_name="auditevent",
+            name="prev_hash",
             field=models.CharField(blank=True, editable=False, max_length=64, null=True),
         ),
         migrations.AlterField(
-            model_name='auditevent',
-            name='occurrence',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='audit_events', to='approvals.occurrence'),
+            model_name="auditevent",
+            name="occurrence",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="audit_events",
+                to="approvals.occurrence",
+            ),
         ),
         migrations.AlterField(
-            model_name='auditevent',
-            name='tenant',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='audit_events', to='approvals.tenant'),
+            model_name="auditevent",
+            name="tenant",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="audit_events",
+                to="approvals.tenant",
+            ),
         ),
         migrations.AddField(
-            model_name='auditduplicatedelivery',
-            name='original',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='duplicate_deliveries', to='approvals.auditevent'),
+            model_name="auditduplicatedelivery",
+            name="original",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="duplicate_deliveries",
+                to="approvals.auditevent",
+            ),
         ),
         migrations.AddField(
-            model_name='auditduplicatedelivery',
-            name='tenant',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='approvals.tenant'),
+            model_name="auditduplicatedelivery",
+            name="tenant",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="+", to="approvals.tenant"
+            ),
         ),
         migrations.AddField(
-            model_name='auditingestion',
-            name='runtime_key',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='audit_ingestions', to='approvals.runtimekey'),
+            model_name="auditingestion",
+            name="runtime_key",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="audit_ingestions",
+                to="approvals.runtimekey",
+            ),
         ),
         migrations.AddField(
-            model_name='auditingestion',
-            name='tenant',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='audit_ingestions', to='approvals.tenant'),
+            model_name="auditingestion",
+            name="tenant",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="audit_ingestions",
+                to="approvals.tenant",
+            ),
         ),
         migrations.AddField(
-            model_name='auditduplicatedelivery',
-            name='ingestion',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='duplicate_deliveries', to='approvals.auditingestion'),
+            model_name="auditduplicatedelivery",
+            name="ingestion",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="duplicate_deliveries",
+                to="approvals.auditingestion",
+            ),
         ),
         migrations.AddField(
-            model_name='auditevent',
-            name='ingestion',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='events', to='approvals.auditingestion'),
+            model_name="auditevent",
+            name="ingestion",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="events",
+                to="approvals.auditingestion",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(condition=models.Q(('chain_seq__isnull', True)), fields=['tenant', 'id'], name='audit_unchained'),
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(("chain_seq__isnull", True)),
+                fields=["tenant", "id"],
+                name="audit_unchained",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(condition=models.Q(('ingestion__isnull', False)), fields=['ingestion'], name='audit_ingested'),
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(("ingestion__isnull", False)),
+                fields=["ingestion"],
+                name="audit_ingested",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(condition=models.Q(('token_fingerprint', ''), _negated=True), fields=['tenant', 'token_fingerprint', 'id'], name='audit_tenant_fingerprint'),
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(("token_fingerprint", ""), _negated=True),
+                fields=["tenant", "token_fingerprint", "id"],
+                name="audit_tenant_fingerprint",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(condition=models.Q(('execution_id', ''), _negated=True), fields=['tenant', 'execution_id', 'id'], name='audit_tenant_execution'),
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(("execution_id", ""), _negated=True),
+                fields=["tenant", "execution_id", "id"],
+                name="audit_tenant_execution",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='auditevent',
-            constraint=models.UniqueConstraint(condition=models.Q(('chain_seq__isnull', False)), fields=('tenant', 'chain_seq'), name='audit_chain_seq_unique'),
+            model_name="auditevent",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("chain_seq__isnull", False)),
+                fields=("tenant", "chain_seq"),
+                name="audit_chain_seq_unique",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='auditevent',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('chain_seq__isnull', True), ('hash__isnull', True), ('prev_hash__isnull', True)), models.Q(('chain_seq__isnull', False), ('hash__isnull', False), ('prev_hash__isnull', False)), _connector='OR'), name='audit_chain_columns_together'),
+            model_name="auditevent",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(
+                        ("chain_seq__isnull", True),
+                        ("hash__isnull", True),
+                        ("prev_hash__isnull", True),
+                    ),
+                    models.Q(
+                        ("chain_seq__isnull", False),
+                        ("hash__isnull", False),
+                        ("prev_hash__isnull", False),
+                    ),
+                    _connector="OR",
+                ),
+                name="audit_chain_columns_together",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='auditevent',
-            constraint=models.UniqueConstraint(condition=models.Q(('ingestion__isnull', False)), fields=('tenant', 'event_id'), name='audit_ingested_event_once'),
+            model_name="auditevent",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("ingestion__isnull", False)),
+                fields=("tenant", "event_id"),
+                name="audit_ingested_event_once",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='auditingestion',
-            constraint=models.CheckConstraint(condition=models.Q(('received', django.db.models.expressions.CombinedExpression(models.F('new'), '+', models.F('duplicates')))), name='audit_ingestion_counts_add_up'),
+            model_name="auditingestion",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "received",
+                        django.db.models.expressions.CombinedExpression(
+                            models.F("new"), "+", models.F("duplicates")
+                        ),
+                    )
+                ),
+                name="audit_ingestion_counts_add_up",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditduplicatedelivery',
-            index=models.Index(fields=['tenant', 'event_id'], name='audit_duplicate_event'),
+            model_name="auditduplicatedelivery",
+            index=models.Index(fields=["tenant", "event_id"], name="audit_duplicate_event"),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0008_audit_chain_triggers'),
+        ("approvals", "0008_audit_chain_triggers"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='runtimekey',
-            name='last_used_at',
+            model_name="runtimekey",
+            name="last_used_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -4,15 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0009_runtime_key_last_used'),
+        ("approvals", "0009_runtime_key_last_used"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='occurrence',
-            name='status',
-            field=models.CharField(choices=[('pending_review', 'Pending review'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('auto_admitted', 'Auto-admitted'), ('claimed', 'Claimed'), ('revoked', 'Revoked'), ('expired', 'Expired')], db_index=True, default='pending_review', max_length=32),
+            model_name="occurrence",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("pending_review", "Pending review"),
+                    ("approved", "Approved"),
+                    ("rejected", "Rejected"),
+                    ("auto_admitted", "Auto-admitted"),
+                    ("claimed", "Claimed"),
+                    ("revoked", "Revoked"),
+                    ("expired", "Expired"),
+                ],
+                db_index=True,
+                default="pending_review",
+                max_length=32,
+            ),
         ),
     ]

@@ -6,35 +6,60 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0011_occurrence_run_client_ref_and_reject_repeats'),
+        ("approvals", "0011_occurrence_run_client_ref_and_reject_repeats"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='runtimekey',
-            name='runtime_group',
-            field=models.CharField(blank=True, help_text="Keys of this tenant with the same group may pick up and claim each other's requests. Empty: only this key's own.", max_length=100),
+            model_name="runtimekey",
+            name="runtime_group",
+            field=models.CharField(
+                blank=True,
+                help_text="Keys of this tenant with the same group may pick up and claim each other's requests. Empty: only this key's own.",
+                max_length=100,
+            ),
         ),
         migrations.AddField(
-            model_name='tenant',
-            name='api_rate_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='API requests per runtime key per window (API_RATE_WINDOW_SECONDS). Empty: the API_RATE_LIMIT setting.', null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="tenant",
+            name="api_rate_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="API requests per runtime key per window (API_RATE_WINDOW_SECONDS). Empty: the API_RATE_LIMIT setting.",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.CreateModel(
-            name='RuntimeKeyUsage',
+            name="RuntimeKeyUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('window_start', models.BigIntegerField()),
-                ('window_seconds', models.PositiveIntegerField()),
-                ('request_limit', models.PositiveIntegerField()),
-                ('requests', models.PositiveIntegerField(default=0)),
-                ('unknown_token_refusals', models.PositiveIntegerField(default=0)),
-                ('runtime_key', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage', to='approvals.runtimekey')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("window_start", models.BigIntegerField()),
+                ("window_seconds", models.PositiveIntegerField()),
+                ("request_limit", models.PositiveIntegerField()),
+                ("requests", models.PositiveIntegerField(default=0)),
+                ("unknown_token_refusals", models.PositiveIntegerField(default=0)),
+                (
+                    "runtime_key",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="usage",
+                        to="approvals.runtimekey",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('runtime_key', 'window_start'), name='runtime_key_usage_window_unique')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("runtime_key", "window_start"),
+                        name="runtime_key_usage_window_unique",
+                    )
+                ],
             },
         ),
     ]

@@ -48,8 +48,12 @@ for _contract in CONTRACTS:
         _properties["order_id"]["pattern"] = IDENTIFIER
 
 _CHANGED = ["issue_refund", "send_message", "lookup_order"]
-_FIELDS = ["json_schema", "quorum_currency_argument", "quorum_thresholds_minor",
-           "quorum_threshold_minor"]
+_FIELDS = [
+    "json_schema",
+    "quorum_currency_argument",
+    "quorum_thresholds_minor",
+    "quorum_threshold_minor",
+]
 
 
 def forward(apps, schema_editor):
@@ -72,7 +76,6 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("approvals", "0012_runtime_key_binding_and_rate_limits"),
     ]
@@ -81,17 +84,29 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="toolcontract",
             name="quorum_currency_argument",
-            field=models.CharField(blank=True, help_text="String argument holding the amount's ISO 4217 currency, e.g. currency. With it, thresholds are per currency (below).", max_length=100),
+            field=models.CharField(
+                blank=True,
+                help_text="String argument holding the amount's ISO 4217 currency, e.g. currency. With it, thresholds are per currency (below).",
+                max_length=100,
+            ),
         ),
         migrations.AddField(
             model_name="toolcontract",
             name="quorum_thresholds_minor",
-            field=models.JSONField(blank=True, default=dict, help_text='Per currency, in its minor units: {"EUR": 50000, "JPY": 75000} (JPY has no minor unit: 75000 is 75,000 yen). The quorum applies above a currency\'s threshold, and always for a currency that has none here.'),
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text='Per currency, in its minor units: {"EUR": 50000, "JPY": 75000} (JPY has no minor unit: 75000 is 75,000 yen). The quorum applies above a currency\'s threshold, and always for a currency that has none here.',
+            ),
         ),
         migrations.AlterField(
             model_name="toolcontract",
             name="quorum_threshold_minor",
-            field=models.BigIntegerField(blank=True, help_text="Only for an amount without a currency argument: the quorum applies when the amount argument is above this value.", null=True),
+            field=models.BigIntegerField(
+                blank=True,
+                help_text="Only for an amount without a currency argument: the quorum applies when the amount argument is above this value.",
+                null=True,
+            ),
         ),
         migrations.RunPython(forward, backward),
     ]

@@ -5,25 +5,36 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0013_currency_quorum_and_identifier_patterns'),
+        ("approvals", "0013_currency_quorum_and_identifier_patterns"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='approval',
-            name='bound_execution_id',
-            field=models.CharField(blank=True, default='', max_length=200),
+            model_name="approval",
+            name="bound_execution_id",
+            field=models.CharField(blank=True, default="", max_length=200),
         ),
         migrations.CreateModel(
-            name='RetiredToken',
+            name="RetiredToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('token_hash', models.CharField(max_length=64, unique=True)),
-                ('fingerprint', models.CharField(max_length=16)),
-                ('retired_at', models.DateTimeField()),
-                ('approval', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='retired_tokens', to='approvals.approval')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("token_hash", models.CharField(max_length=64, unique=True)),
+                ("fingerprint", models.CharField(max_length=16)),
+                ("retired_at", models.DateTimeField()),
+                (
+                    "approval",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="retired_tokens",
+                        to="approvals.approval",
+                    ),
+                ),
             ],
         ),
     ]

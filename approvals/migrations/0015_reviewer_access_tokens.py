@@ -6,30 +6,63 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0014_token_redelivery_bound_to_execution'),
+        ("approvals", "0014_token_redelivery_bound_to_execution"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReviewerToken',
+            name="ReviewerToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('scope', models.CharField(choices=[('decide', 'Approve and reject requests')], default='decide', max_length=16)),
-                ('token_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField()),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='reviewer_tokens', to='approvals.tenant')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='reviewer_tokens', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "scope",
+                    models.CharField(
+                        choices=[("decide", "Approve and reject requests")],
+                        default="decide",
+                        max_length=16,
+                    ),
+                ),
+                ("token_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(max_length=16)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField()),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="reviewer_tokens",
+                        to="approvals.tenant",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="reviewer_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('user', 'tenant', 'name'), name='reviewer_token_name_unique'), models.CheckConstraint(condition=models.Q(('scope__in', ['decide'])), name='reviewer_token_scope_valid')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("user", "tenant", "name"), name="reviewer_token_name_unique"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("scope__in", ["decide"])),
+                        name="reviewer_token_scope_valid",
+                    ),
+                ],
             },
         ),
     ]

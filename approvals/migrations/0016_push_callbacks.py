@@ -6,59 +6,120 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0015_reviewer_access_tokens'),
+        ("approvals", "0015_reviewer_access_tokens"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RuntimeCallback',
+            name="RuntimeCallback",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('url', models.URLField(max_length=2000)),
-                ('secret_encrypted', models.TextField()),
-                ('is_active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('runtime_key', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='callback', to='approvals.runtimekey')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("url", models.URLField(max_length=2000)),
+                ("secret_encrypted", models.TextField()),
+                ("is_active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "runtime_key",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="callback",
+                        to="approvals.runtimekey",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CallbackDelivery',
+            name="CallbackDelivery",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('event', models.CharField(max_length=32)),
-                ('body', models.JSONField()),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('delivered', 'Delivered'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField()),
-                ('leased_until', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('occurrence', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='callback_deliveries', to='approvals.occurrence')),
-                ('callback', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='approvals.runtimecallback')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("event", models.CharField(max_length=32)),
+                ("body", models.JSONField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("delivered", "Delivered"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField()),
+                ("leased_until", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("delivered_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="callback_deliveries",
+                        to="approvals.occurrence",
+                    ),
+                ),
+                (
+                    "callback",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="deliveries",
+                        to="approvals.runtimecallback",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CallbackAttempt',
+            name="CallbackAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField()),
-                ('status_code', models.PositiveIntegerField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('delivery', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempt_log', to='approvals.callbackdelivery')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField()),
+                ("status_code", models.PositiveIntegerField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempt_log",
+                        to="approvals.callbackdelivery",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['number'],
-                'constraints': [models.UniqueConstraint(fields=('delivery', 'number'), name='callback_attempt_number_unique')],
+                "ordering": ["number"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("delivery", "number"), name="callback_attempt_number_unique"
+                    )
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='callbackdelivery',
-            index=models.Index(condition=models.Q(('state', 'pending')), fields=['next_attempt_at'], name='callback_delivery_due'),
+            model_name="callbackdelivery",
+            index=models.Index(
+                condition=models.Q(("state", "pending")),
+                fields=["next_attempt_at"],
+                name="callback_delivery_due",
+            ),
         ),
     ]

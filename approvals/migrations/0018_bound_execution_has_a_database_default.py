@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0017_consumed_is_the_word_for_a_claimed_occurrence'),
+        ("approvals", "0017_consumed_is_the_word_for_a_claimed_occurrence"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='approval',
-            name='bound_execution_id',
-            field=models.CharField(blank=True, db_default='', default='', max_length=200),
+            model_name="approval",
+            name="bound_execution_id",
+            field=models.CharField(blank=True, db_default="", default="", max_length=200),
         ),
     ]

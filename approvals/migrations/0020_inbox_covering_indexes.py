@@ -4,26 +4,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0019_occurrence_change_notify'),
+        ("approvals", "0019_occurrence_change_notify"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='occurrence',
-            name='approvals_o_tenant__2dde74_idx',
+            model_name="occurrence",
+            name="approvals_o_tenant__2dde74_idx",
         ),
         migrations.RemoveIndex(
-            model_name='occurrence',
-            name='approvals_o_tenant__d35f31_idx',
+            model_name="occurrence",
+            name="approvals_o_tenant__d35f31_idx",
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['tenant', 'status', '-created_at', '-id'], include=('updated_at',), name='occurrence_inbox'),
+            model_name="occurrence",
+            index=models.Index(
+                fields=["tenant", "status", "-created_at", "-id"],
+                include=("updated_at",),
+                name="occurrence_inbox",
+            ),
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['tenant', 'tool', 'status', '-created_at', '-id'], include=('updated_at',), name='occurrence_inbox_tool'),
+            model_name="occurrence",
+            index=models.Index(
+                fields=["tenant", "tool", "status", "-created_at", "-id"],
+                include=("updated_at",),
+                name="occurrence_inbox_tool",
+            ),
         ),
     ]

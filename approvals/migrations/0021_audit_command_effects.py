@@ -4,14 +4,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0020_inbox_covering_indexes'),
+        ("approvals", "0020_inbox_covering_indexes"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(condition=models.Q(('kind__in', ('effect.sending', 'effect.committed', 'effect.rejected', 'effect.outcome_unknown', 'effect.retry_scheduled', 'recovery.interrupted', 'epoch.admitted'))), fields=['command_id', 'id'], name='audit_command_effects'),
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(
+                    (
+                        "kind__in",
+                        (
+                            "effect.sending",
+                            "effect.committed",
+                            "effect.rejected",
+                            "effect.outcome_unknown",
+                            "effect.retry_scheduled",
+                            "recovery.interrupted",
+                            "epoch.admitted",
+                        ),
+                    )
+                ),
+                fields=["command_id", "id"],
+                name="audit_command_effects",
+            ),
         ),
     ]

@@ -5,15 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0021_audit_command_effects'),
+        ("approvals", "0021_audit_command_effects"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='approval',
-            index=models.Index(condition=models.Q(('state__in', ['issued', 'expired']), ('superseded_at__isnull', True)), fields=['tenant', 'expires_at'], name='approval_unclaimed_expiry'),
+            model_name="approval",
+            index=models.Index(
+                condition=models.Q(
+                    ("state__in", ["issued", "expired"]), ("superseded_at__isnull", True)
+                ),
+                fields=["tenant", "expires_at"],
+                name="approval_unclaimed_expiry",
+            ),
         ),
     ]

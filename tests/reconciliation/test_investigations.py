@@ -1019,3 +1019,50 @@ def test_the_page_shows_a_long_chain_in_a_window_and_every_step_on_request(
     assert "exec-r4" in chain and "exec-b" in chain and "not shown" not in chain
     assert "Every step read is shown" in response.content.decode()
     assert len(every) == len(windowed)  # showing more steps reads nothing more
+
+
+# --- a chain longer than the events read ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_past_the_events_read_the_verdict_still_rests_on_the_decisive_ones(
+    runtime: Runtime, reviewer: Any, ops: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest EVENT_LIMIT events are read, and before them every approved claim and
+    committed effect (found by their own indexes), and the chain is counted whole; a chain
+    that fits is neither counted nor searched twice."""
+    from reconciliation import investigations
+
+    story = control_working(runtime, reviewer)
+    with CaptureQueriesContext(connection) as short:
+        assert investigate(ops, story.fingerprint)[0] == 200
+    assert not [q for q in short.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
+
+    monkeypatch.setattr(investigations, "EVENT_LIMIT", 4)
+    for n in range(6):
+        runtime.claim(story.token, f"exec-r{n}", message_id=f"m-r{n}")
+    with CaptureQueriesContext(connection) as long:
+        status, page = investigate(ops, story.fingerprint)
+    assert status == 200
+    assert verdicts(page) == [CONTROL_WORKING]
+    # The approved claim is older than the four newest events, and still what it rests on.
+    assert f"Fingerprint {story.fingerprint} was approved once, for execution exec-a" in page
+    # Twelve events: the four newest read, and the approved claim before them.
+    assert "The chain has 12 audit events; this reads the newest 5 and every approved" in page
+    assert len(long.captured_queries) == len(short.captured_queries) + 2  # decisive, count
+
+
+@pytest.mark.django_db
+def test_a_counts_tooltip_names_the_first_twenty(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+    for n in range(25):
+        runtime.claim(story.token, f"exec-r{n:02d}")
+
+    page = page_of(ops, story.fingerprint)
+
+    # exec-a, exec-b and 25 replaying executions: 27 in all.
+    [title] = re.findall(r'<li title="([^"]*)"><strong>27</strong> executions</li>', page)
+    assert title.count(", ") == 20
+    assert title.endswith(", and 7 more")
