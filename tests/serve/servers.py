@@ -188,9 +188,21 @@ def sample(samples: dict[Any, float], name: str, **labels: str) -> float:
 def wait_for_sample(
     url: str, name: str, until: Callable[[float], bool], timeout: float, **labels: str
 ) -> None:
-    """Scrape ``url`` until the sample ``name`` satisfies ``until``; fail after ``timeout``."""
+    """Scrape ``url`` until the sample ``name`` satisfies ``until``; fail after ``timeout``.
+
+    A scrape that times out is tried again: while hundreds of clients connect at once, the
+    server may answer its metrics late, and what the caller waits for is the sample, by
+    its own deadline."""
     deadline = time.monotonic() + timeout
-    while not until(value := sample(scrape(url), name, **labels)):
+    value: float | str = "not scraped yet"
+    while True:
+        try:
+            value = sample(scrape(url), name, **labels)
+        except httpx.TimeoutException as exc:
+            value = f"unknown (the scrape timed out: {exc})"
+        else:
+            if until(value):
+                return
         if time.monotonic() > deadline:
             pytest.fail(f"{name} is {value} after {timeout} s")
         time.sleep(0.1)
