@@ -56,7 +56,7 @@ from approvals.selectors import (
     approval_state,
     effective_approval_state,
 )
-from approvals.vocabulary import AuditKind, ClaimDecision
+from approvals.vocabulary import AuditKind, ClaimDecision, is_refused_use
 
 PANEL_POLL_SECONDS = 2
 INBOX_POLL_SECONDS = 5
@@ -508,7 +508,9 @@ def history_row(event: AuditEvent) -> HistoryRow:
 
     decision = event.decision
     flag = flag_label = outcome = ""
-    if decision in SECURITY_DECISIONS:
+    if event.kind == AuditKind.APPROVAL_EXPIRED:
+        outcome = "The approval expired unclaimed: its token can no longer be claimed."
+    elif is_refused_use(event.kind, decision):
         flag = "security"
         if event.kind == AuditKind.APPROVAL_REVOKED:
             flag_label, outcome = "Approval revoked", "An admin revoked the approval."

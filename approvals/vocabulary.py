@@ -231,3 +231,10 @@ EFFECT_KINDS = (
 
 def literal_values(literal: object) -> tuple[str, ...]:
     return tuple(get_args(literal))
+
+
+def is_refused_use(kind: str, decision: str) -> bool:
+    """Whether an event records a refused use of an approval: security evidence. The
+    approval's own expiry (``approval.expired``, written by the sweep or a renewal) says
+    ``expired`` too, but refused nothing: nobody presented its token."""
+    return decision in REFUSING and kind != AuditKind.APPROVAL_EXPIRED

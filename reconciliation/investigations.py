@@ -1184,7 +1184,7 @@ def _event_outcome(event: EventFact) -> str:
 def _event_flag(event: EventFact, deliveries: int) -> str:
     if deliveries > 1:
         return "duplicate"
-    if event.decision in REFUSALS:
+    if vocabulary.is_refused_use(event.kind, event.decision):
         return "security"
     if event.decision == DUPLICATE_DELIVERY or event.kind == REDELIVERED_KIND:
         return "redelivery"

@@ -11,7 +11,6 @@ from django.urls import reverse
 
 from approvals.models import Approval, Command, Epoch
 from approvals.presenters import (
-    SECURITY_DECISIONS,
     HistoryLink,
     MoneyLine,
     age,
@@ -20,7 +19,7 @@ from approvals.presenters import (
     money_lines,
 )
 from approvals.selectors import approval_state
-from approvals.vocabulary import OPERATOR_PREFIX, AuditKind
+from approvals.vocabulary import OPERATOR_PREFIX, AuditKind, is_refused_use
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
 from reconciliation.operations import ALLOWED_FROM
@@ -293,7 +292,10 @@ def timeline_rows(timeline: Timeline) -> list[TimelineRow]:
             details.append(("message", event.message_id))
         flag = ""
         # The review page's security events: a refused use of an approval, a refused report.
-        if event.decision in SECURITY_DECISIONS or event.kind == AuditKind.EFFECT_REPORT_REFUSED:
+        if (
+            is_refused_use(event.kind, event.decision)
+            or event.kind == AuditKind.EFFECT_REPORT_REFUSED
+        ):
             flag = "security"
         elif event.kind.startswith(OPERATOR_PREFIX):
             flag = "decision"

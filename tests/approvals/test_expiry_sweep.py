@@ -18,7 +18,8 @@ pytestmark = pytest.mark.django_db
 
 
 def expire_now(occurrence_id: str) -> None:
-    past = timezone.now() - timedelta(seconds=1)
+    # PostgreSQL's now() is the test transaction's start, before the fixtures ran.
+    past = timezone.now() - timedelta(minutes=5)
     Approval.objects.filter(occurrence_id=occurrence_id).update(
         issued_at=past - timedelta(minutes=15), expires_at=past
     )
