@@ -18,20 +18,20 @@ from approvals.models import Membership, Occurrence, RuntimeKey, Tenant, ToolCon
 PASSWORD = "correct-horse-battery"
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """The guarantees this suite exists for (races between processes, the database clock,
     real workers) hold only on PostgreSQL; on SQLite those tests would skip and a run would
-    go green without them. So a bare ``pytest`` on SQLite stops here and says what to do."""
+    go green without them. So a bare ``pytest`` on SQLite stops here and says what to do
+    (once: a usage error, exit status 4)."""
     from django.conf import settings
 
     engine = settings.DATABASES["default"]["ENGINE"]
     if "postgresql" not in engine and not os.environ.get("ALLOW_SQLITE_TESTS"):
-        pytest.exit(
+        raise pytest.UsageError(
             "The suite runs on PostgreSQL (with Redis): run bin/test, which starts a "
             "throwaway PostgreSQL and Redis, or set DATABASE_URL=postgres://… and "
             "REDIS_URL=redis://…. ALLOW_SQLITE_TESTS=1 runs on SQLite anyway, skipping what "
-            "needs PostgreSQL.",
-            returncode=4,
+            "needs PostgreSQL."
         )
 
 
