@@ -237,6 +237,8 @@ class Facts:
     deliveries: tuple[DeliveryFact, ...] = ()
     # Events in the chain; ``events`` may hold fewer (the newest, and every decisive one).
     events_total: int = 0
+    # How many of ``events`` are the chain's newest (the rest are decisive ones before them).
+    events_newest: int = 0
 
     @property
     def empty(self) -> bool:
@@ -679,8 +681,8 @@ def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
     if facts.events_total > len(facts.events):
         gaps.append(
             f"The chain has {facts.events_total} audit events; this reads the newest "
-            f"{len(facts.events)} and every approved decision and committed effect, so older "
-            "refusals and redeliveries may be missing from the counts."
+            f"{facts.events_newest or len(facts.events)} and every approved decision and "
+            "committed effect, so older refusals and redeliveries may be missing from the counts."
         )
     for (_, fingerprint), n in sorted(index.unnamed_approved.items()):
         gaps.append(
@@ -1026,6 +1028,7 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
             for d in deliveries
         ),
         events_total=total,
+        events_newest=len(newest),
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)
 

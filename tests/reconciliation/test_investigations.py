@@ -1048,7 +1048,7 @@ def test_past_the_events_read_the_verdict_still_rests_on_the_decisive_ones(
     # The approved claim is older than the four newest events, and still what it rests on.
     assert f"Fingerprint {story.fingerprint} was approved once, for execution exec-a" in page
     # Twelve events: the four newest read, and the approved claim before them.
-    assert "The chain has 12 audit events; this reads the newest 5 and every approved" in page
+    assert "The chain has 12 audit events; this reads the newest 4 and every approved" in page
     assert len(long.captured_queries) == len(short.captured_queries) + 2  # decisive, count
 
 
