@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
 from approvals.models import (
@@ -211,10 +212,21 @@ def _queue_querysets(
 def queue_counts(
     *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
 ) -> dict[str, int]:
-    return {
-        reason: queryset.count()
-        for reason, (queryset, _) in _queue_querysets(tenant_ids, now, tool_id).items()
-    }
+    """How many items of each reason, in one statement: each reason's count is a scalar
+    subquery of its own, planned on its own index as a separate ``count()`` would be, but
+    the page pays one round trip and one statement's overhead instead of five."""
+    querysets = _queue_querysets(tenant_ids, now, tool_id)
+    columns: list[str] = []
+    params: list[Any] = []
+    for reason, (queryset, _) in querysets.items():
+        sql, reason_params = queryset.order_by().values("pk").query.sql_with_params()
+        # ``reason`` is one of Reason's constants, never input.
+        columns.append(f"(SELECT COUNT(*) FROM ({sql}) AS {reason}_items) AS {reason}")  # noqa: S608
+        params.extend(reason_params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(columns)}", params)
+        row = cursor.fetchone()
+    return {reason: int(n) for reason, n in zip(querysets, row, strict=True)}
 
 
 def queue_items(

@@ -12,7 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.models import Approval, AuditEvent, Command, Epoch, Membership
+from approvals.models import Approval, AuditEvent, Command, Epoch, Membership, ToolContract
 from reconciliation import selectors
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
@@ -144,6 +144,47 @@ def test_queries_per_queue_page_do_not_grow_with_rows(
         and "<strong>5</strong> outcome unknown" in response.content.decode()
     )
     assert len(many) == len(few)
+
+
+def test_the_queues_counts_are_one_statement_with_each_reasons_own_count(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, settings: Any
+) -> None:
+    unknown_message(runtime, reviewer, remote, ref="m1")
+    unknown_message(runtime, reviewer, remote, ref="m2")
+    interrupted = claim_command(runtime, reviewer, ref="r1")
+    remote.fault("unauthorized")
+    command_dispatch(command_id=interrupted.pk)
+    expired = runtime.propose(client_ref="r2").json()["occurrence_id"]
+    approve(expired, reviewer)
+    Approval.objects.filter(occurrence_id=expired).update(
+        issued_at=timezone.now() - timedelta(hours=1),
+        expires_at=timezone.now() - timedelta(minutes=1),
+    )
+    begin(command_id=claim_command(runtime, reviewer, ref="r3").pk)
+    settings.OPERATIONS_STUCK_SECONDS = 0
+    now = timezone.now()
+    tenant_ids = [runtime.key.tenant_id]
+
+    with CaptureQueriesContext(connection) as queries:
+        counts = selectors.queue_counts(tenant_ids=tenant_ids, now=now)
+
+    assert len(queries) == 1
+    separately = {
+        reason: queryset.count()
+        for reason, (queryset, _) in selectors._queue_querysets(tenant_ids, now, None).items()
+    }
+    assert counts == separately
+    assert counts == {
+        selectors.Reason.OUTCOME_UNKNOWN: 2,
+        selectors.Reason.INTERRUPTED: 1,
+        selectors.Reason.STUCK_SENDING: 1,
+        selectors.Reason.STUCK_PENDING: 0,
+        selectors.Reason.EXPIRED_UNCLAIMED: 1,
+    }
+    send_message = ToolContract.objects.get(name="send_message").pk
+    by_tool = selectors.queue_counts(tenant_ids=tenant_ids, now=now, tool_id=send_message)
+    assert by_tool[selectors.Reason.OUTCOME_UNKNOWN] == 2
+    assert by_tool[selectors.Reason.INTERRUPTED] == 0
 
 
 # --- the timeline ---------------------------------------------------------------------------
