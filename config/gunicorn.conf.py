@@ -106,7 +106,7 @@ if _own_metrics_dir:
 
 def post_worker_init(worker: Any) -> None:
     """The worker has loaded the application: take its long-lived heap out of the garbage
-    collector's full runs and collect less often (config/heap.py)."""
+    collector's full runs (config/heap.py), which otherwise walk it many times a minute."""
     from config.heap import freeze_startup_heap
 
     frozen = freeze_startup_heap()

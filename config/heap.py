@@ -8,15 +8,6 @@ moves what exists at that moment into a generation the collector never walks. Me
 with ``bench/page_bench.py``: pages took about a quarter less time with the startup heap
 frozen than without.
 
-Then the collector is told to run less often: by default it collects the young generation
-every 700 new container objects, dozens of times per page, and each survivor is walked
-again by the middle generation's runs. ``GC_THRESHOLDS`` lets a request's short-lived
-objects die by reference counting before the collector looks, as Instagram's and other
-large Django deployments tune theirs. Measured with ``bench/page_bench.py`` at scale 1, the
-same hour, the pages in turn: p50 10-20 % and p95 15-25 % lower than with the defaults,
-about what switching the collector off gave; cycles are still collected, a few times a
-second instead of hundreds.
-
 ``config/gunicorn.conf.py`` calls ``freeze_startup_heap`` in each worker once it has loaded
 the application; the page bench calls it after its warm-up, as a worker would be then.
 """
@@ -31,11 +22,6 @@ from django.conf import settings
 from django.template import TemplateDoesNotExist, TemplateSyntaxError
 from django.template.loader import get_template
 from django.urls import get_resolver
-
-# Young generation every 50,000 new container objects (a page or two), the middle one every
-# 20 of those, the whole heap every 100 of those (and, as always, only once the survivors
-# since the last full run are a quarter of the heap). Python's defaults: (700, 10, 10).
-GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def _warm_templates() -> int:
@@ -54,12 +40,10 @@ def _warm_templates() -> int:
 
 
 def freeze_startup_heap() -> int:
-    """Import every view (through the URLconf), compile the templates, collect once,
-    freeze what is left and collect less often from now on (``GC_THRESHOLDS``); returns
-    how many objects are now frozen."""
+    """Import every view (through the URLconf), compile the templates, collect once and
+    freeze what is left; returns how many objects are now frozen."""
     get_resolver().url_patterns  # noqa: B018 - importing the URLconf imports every view
     _warm_templates()
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
     return gc.get_freeze_count()
