@@ -362,9 +362,9 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
 def inbox_stamp(
     fresh: InboxFreshness, *, tenant_ids: list[int], tool: str, state: str, page: int, now: datetime
 ) -> str:
-    """The inbox list's stamp, from what ``selectors.inbox_freshness`` read, without the
-    rows. The minute is part of it because the rows' ages and an approval's expiry change
-    with the clock."""
+    """The inbox list's stamp, from what ``selectors.inbox_total`` and
+    ``selectors.inbox_last_event`` read, without the rows. The minute is part of it
+    because the rows' ages and an approval's expiry change with the clock."""
     minute = now.replace(second=0, microsecond=0)
     return stamp(
         [tenant_ids, tool, state, page, fresh.total, fresh.last_change, fresh.last_event_id, minute]

@@ -19,7 +19,6 @@ from django.db.models import (
     Count,
     Exists,
     F,
-    Func,
     Max,
     Min,
     OuterRef,
@@ -750,33 +749,15 @@ class InboxFreshness:
     last_event_id: int | None
 
 
-def _page_ids(occurrences: QuerySet[Occurrence], offset: int, limit: int) -> QuerySet[Any]:
-    return occurrences.values("pk")[offset : offset + limit]
-
-
-def inbox_freshness(
-    occurrences: QuerySet[Occurrence], *, offset: int, limit: int
-) -> InboxFreshness:
-    """How many occurrences the inbox lists, when the newest change among them was, and
-    the newest audit event of those on the page at ``offset``: one statement (the page's
-    newest event is an uncorrelated subquery, which PostgreSQL runs once)."""
-    newest_event = (
-        AuditEvent.objects.filter(occurrence_id__in=_page_ids(occurrences, offset, limit))
-        .order_by()
-        .annotate(newest=Func(F("id"), function="MAX"))  # a plain MAX: no GROUP BY
-        .values("newest")
-    )
-    summary = occurrences.order_by().aggregate(
-        total=Count("pk"),
-        last_change=Max("updated_at"),
-        last_event_id=Max(Subquery(newest_event)),
-    )
-    return InboxFreshness(summary["total"], summary["last_change"], summary["last_event_id"])
+def inbox_total(occurrences: QuerySet[Occurrence]) -> tuple[int, datetime | None]:
+    """How many occurrences the inbox lists, and when the newest change among them was."""
+    summary = occurrences.order_by().aggregate(total=Count("pk"), last_change=Max("updated_at"))
+    return summary["total"], summary["last_change"]
 
 
 def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: int) -> int | None:
     """The newest audit event of the occurrences on one page of the inbox."""
-    page = _page_ids(occurrences, offset, limit)
+    page = occurrences.values("pk")[offset : offset + limit]
     last: int | None = AuditEvent.objects.filter(occurrence_id__in=page).aggregate(last=Max("id"))[
         "last"
     ]

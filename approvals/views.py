@@ -6,7 +6,7 @@ shows is assembled in ``approvals.presenters``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property, wraps
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -175,24 +175,18 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         tool_id=tools.get(tool),
         status="" if state == STATE_ALL else state,
     )
-    # The stamp first, from one statement: a poll that finds nothing new ends here. It
-    # reads the page asked for; one past the end (the list shrank) is read again as the
-    # paginator's last page.
-    asked = request.GET.get("page")
-    guess = int(asked) if asked and asked.isdigit() and 0 < len(asked) < 10 else 1
-    offset = (max(guess, 1) - 1) * INBOX_PAGE_SIZE
-    fresh = selectors.inbox_freshness(occurrences, offset=offset, limit=INBOX_PAGE_SIZE)
-    total = fresh.total
-    page = _CountedPaginator(occurrences, INBOX_PAGE_SIZE, count=total).get_page(asked)
+    # The stamp first, from two aggregates: a poll that finds nothing new ends here.
+    total, last_change = selectors.inbox_total(occurrences)
+    page = _CountedPaginator(occurrences, INBOX_PAGE_SIZE, count=total).get_page(
+        request.GET.get("page")
+    )
     number = page.number
-    if (number - 1) * INBOX_PAGE_SIZE != offset:
-        offset = (number - 1) * INBOX_PAGE_SIZE
-        fresh = replace(
-            fresh,
-            last_event_id=selectors.inbox_last_event(
-                occurrences, offset=offset, limit=INBOX_PAGE_SIZE
-            ),
-        )
+    offset = (number - 1) * INBOX_PAGE_SIZE
+    fresh = selectors.InboxFreshness(
+        total=total,
+        last_change=last_change,
+        last_event_id=selectors.inbox_last_event(occurrences, offset=offset, limit=INBOX_PAGE_SIZE),
+    )
     rendered = presenters.inbox_stamp(
         fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
     )
