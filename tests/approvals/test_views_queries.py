@@ -284,7 +284,14 @@ def test_unchanged_inbox_poll_answers_204_before_reading_rows(
 ) -> None:
     propose_many(runtime, 30)
     client = signed_in(reviewer)
-    for url in ("/reviews/", "/reviews/?page=2", "/reviews/?tool=issue_refund&state=all"):
+    # ?page=99 is past the end: the page served is the last, and so is its stamp.
+    urls = (
+        "/reviews/",
+        "/reviews/?page=2",
+        "/reviews/?page=99",
+        "/reviews/?tool=issue_refund&state=all",
+    )
+    for url in urls:
         poll = str(parse(client.get(url)).attr("inbox-list", "hx-get"))
         with django_assert_max_num_queries(UNCHANGED_INBOX_POLL_QUERIES):
             assert client.get(poll, headers={"HX-Request": "true"}).status_code == 204, url
