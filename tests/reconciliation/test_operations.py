@@ -90,22 +90,35 @@ def test_actions_need_csrf(
 # --- the queue ----------------------------------------------------------------------------
 
 
-def test_the_queue_lists_what_needs_a_person_oldest_first_with_counts(
-    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, settings: Any
-) -> None:
+def _expired_unclaimed(runtime: Runtime, reviewer: Any, ref: str, minutes_ago: int) -> str:
+    occurrence_id: str = runtime.propose(client_ref=ref).json()["occurrence_id"]
+    approve(occurrence_id, reviewer)
+    Approval.objects.filter(occurrence_id=occurrence_id).update(
+        issued_at=timezone.now() - timedelta(hours=2),
+        expires_at=timezone.now() - timedelta(minutes=minutes_ago),
+    )
+    return occurrence_id
+
+
+def _one_of_each_reason(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, settings: Any
+) -> tuple[Command, Command]:
+    """An outcome unknown, an interruption, an approval expired unclaimed and a command
+    stuck sending (nothing stuck before dispatch); returns the first two commands."""
     unknown = unknown_message(runtime, reviewer, remote, ref="m1")
     interrupted = claim_command(runtime, reviewer, ref="r1")
     remote.fault("unauthorized")
     command_dispatch(command_id=interrupted.pk)
-    expired = runtime.propose(client_ref="r2").json()["occurrence_id"]
-    approve(expired, reviewer)
-    Approval.objects.filter(occurrence_id=expired).update(
-        issued_at=timezone.now() - timedelta(hours=1),
-        expires_at=timezone.now() - timedelta(minutes=1),
-    )
-    stuck = claim_command(runtime, reviewer, ref="r3")
-    begin(command_id=stuck.pk)
+    _expired_unclaimed(runtime, reviewer, "r2", 1)
+    begin(command_id=claim_command(runtime, reviewer, ref="r3").pk)
     settings.OPERATIONS_STUCK_SECONDS = 0
+    return unknown, interrupted
+
+
+def test_the_queue_lists_what_needs_a_person_oldest_first_with_counts(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, settings: Any
+) -> None:
+    unknown, interrupted = _one_of_each_reason(remote, runtime, reviewer, settings)
 
     page = ops.get("/operations/").content.decode()
 
@@ -149,19 +162,8 @@ def test_queries_per_queue_page_do_not_grow_with_rows(
 def test_the_queues_counts_are_one_statement_with_each_reasons_own_count(
     remote: SandboxProcess, runtime: Runtime, reviewer: Any, settings: Any
 ) -> None:
-    unknown_message(runtime, reviewer, remote, ref="m1")
+    _one_of_each_reason(remote, runtime, reviewer, settings)
     unknown_message(runtime, reviewer, remote, ref="m2")
-    interrupted = claim_command(runtime, reviewer, ref="r1")
-    remote.fault("unauthorized")
-    command_dispatch(command_id=interrupted.pk)
-    expired = runtime.propose(client_ref="r2").json()["occurrence_id"]
-    approve(expired, reviewer)
-    Approval.objects.filter(occurrence_id=expired).update(
-        issued_at=timezone.now() - timedelta(hours=1),
-        expires_at=timezone.now() - timedelta(minutes=1),
-    )
-    begin(command_id=claim_command(runtime, reviewer, ref="r3").pk)
-    settings.OPERATIONS_STUCK_SECONDS = 0
     now = timezone.now()
     tenant_ids = [runtime.key.tenant_id]
 
@@ -425,16 +427,6 @@ def test_an_unknown_action_is_404(
 ) -> None:
     command = unknown_message(runtime, reviewer, remote)
     assert act(ops, command, "delete").status_code == 404
-
-
-def _expired_unclaimed(runtime: Runtime, reviewer: Any, ref: str, minutes_ago: int) -> str:
-    occurrence_id: str = runtime.propose(client_ref=ref).json()["occurrence_id"]
-    approve(occurrence_id, reviewer)
-    Approval.objects.filter(occurrence_id=occurrence_id).update(
-        issued_at=timezone.now() - timedelta(hours=2),
-        expires_at=timezone.now() - timedelta(minutes=minutes_ago),
-    )
-    return occurrence_id
 
 
 def test_the_queue_lists_the_oldest_and_says_how_many_more_wait(
