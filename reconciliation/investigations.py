@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from django.db.models import F, Prefetch, Q, QuerySet
@@ -134,8 +134,10 @@ _RESUMING_JUSTIFICATIONS = ("effect_queryable", "idempotent_with_key", "read_onl
 _UNSETTLED_STATES = (Command.State.OUTCOME_UNKNOWN, Command.State.SENDING)
 
 
-@dataclass(frozen=True)
-class EventFact:
+class EventFact(NamedTuple):
+    """One audit event as the verdict reads it. A named tuple, not a frozen dataclass: an
+    investigation builds hundreds per request, and a tuple is built eight times faster."""
+
     pk: int
     event_id: str  # the producer's
     kind: str
@@ -1074,25 +1076,23 @@ def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
         ingested_at,
     ) = row
     return EventFact(
-        pk=pk,
-        event_id=str(event_id),
-        kind=kind,
-        tenant_id=tenant_id,
-        source_time=source_time,
-        fingerprint=fingerprint,
-        decision=decision,
-        reason_code=reason_code,
-        execution_id=execution_id,
-        message_id=message_id,
-        command_id=_text(command_id),
-        occurrence_id=_text(occurrence_id),
-        actor=actor,
+        pk,
+        str(event_id),
+        kind,
+        tenant_id,
+        source_time,
+        fingerprint,
+        decision,
+        reason_code,
+        execution_id,
+        message_id,
+        "" if command_id is None else str(command_id),
+        "" if occurrence_id is None else str(occurrence_id),
+        actor,
         # Only an effect event's receipt names an effect.
-        receipt=receipt
-        if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX)
-        else "",
-        ingestion_id=ingestion_id,
-        ingested_at=ingested_at,
+        receipt if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX) else "",
+        ingestion_id,
+        ingested_at,
     )
 
 
