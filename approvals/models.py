@@ -531,7 +531,12 @@ class Proposal(models.Model):
     @property
     def arguments(self) -> dict[str, Any]:
         """The arguments, read back from the canonical JSON that was digested."""
-        arguments = json.loads(self.canonical_action).get("arguments", {})
+        return self.arguments_of(self.canonical_action)
+
+    @staticmethod
+    def arguments_of(canonical_action: str) -> dict[str, Any]:
+        """The arguments of a canonical action read without its proposal."""
+        arguments = json.loads(canonical_action).get("arguments", {})
         return arguments if isinstance(arguments, dict) else {}
 
 

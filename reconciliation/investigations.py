@@ -30,7 +30,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from django.db.models import F, Prefetch, Q, QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -51,6 +52,8 @@ from approvals.presenters import MoneyLine, money_lines, reveal_html
 from approvals.selectors import effective_approval_state, parse_uuid, snapshot
 from approvals.vocabulary import AuditKind, ClaimDecision
 from reconciliation.models import AdapterInvocation, OperatorDecision
+
+User = get_user_model()
 
 # --- who may investigate ------------------------------------------------------------------
 
@@ -880,6 +883,9 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         Approval.objects.filter(tenant_id__in=tenant_ids)
         .filter(Q(occurrence_id__in=occurrence_ids) | Q(fingerprint__in=fingerprints))
         .select_related("approver")
+        # What ``ApprovalFact`` holds: the token's hash and the approver's password hash
+        # stay in the database (fewer columns to compile, read and build).
+        .only(*_APPROVAL_FIELDS, f"approver__{User.USERNAME_FIELD}")
         .order_by("issued_at", "pk")[:SEED_LIMIT]
     )
     occurrence_ids |= {a.occurrence_id for a in approvals}
@@ -888,11 +894,14 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     occurrences: list[Occurrence] = list(
         Occurrence.objects.filter(tenant_id__in=tenant_ids, pk__in=ranked[:OCCURRENCE_LIMIT])
         .select_related("tool", "tenant")
-        .prefetch_related(
-            Prefetch(
-                "proposals",
-                queryset=Proposal.objects.filter(is_current=True),
-                to_attr="current_proposals",
+        # What the page shows of each: its tool's and tenant's names, its status and the
+        # amounts of its current action, read in the same statement.
+        .only("tenant_id", "tool_id", "status", "created_at", "tool__name", "tenant__name")
+        .annotate(
+            current_action=Subquery(
+                Proposal.objects.filter(occurrence=OuterRef("pk"), is_current=True).values(
+                    "canonical_action"
+                )[:1]
             )
         )
         .order_by("created_at")
@@ -1033,6 +1042,19 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         events_newest=len(newest),
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)
+
+
+# The approval's columns ``ApprovalFact`` is built from.
+_APPROVAL_FIELDS = (
+    "tenant_id",
+    "occurrence_id",
+    "fingerprint",
+    "state",
+    "expires_at",
+    "consumed_by_execution",
+    "issued_at",
+    "delivered_at",
+)
 
 
 # What ``EventFact`` holds, in the order ``_event_fact_of_row`` reads it.
@@ -1350,7 +1372,7 @@ def investigation_page(
         OccurrenceLink(
             o,
             occurrence_url(o.pk, o.tenant_id, operators),
-            money_lines(o.current_proposals[0].arguments) if o.current_proposals else [],  # type: ignore[attr-defined]
+            money_lines(Proposal.arguments_of(o.current_action)) if o.current_action else [],  # type: ignore[attr-defined]
         )
         for o in found.occurrences
     ]
