@@ -942,13 +942,13 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     rows: QuerySet[AuditEvent, tuple[Any, ...]] = chain.annotate(
         receipt_value=F("data__receipt")
     ).values_list(*_EVENT_COLUMNS)
-    newest = list(rows.order_by("-id")[:EVENT_LIMIT])
+    newest = list(rows.order_by(_NEWEST_FIRST)[:EVENT_LIMIT])
     if len(newest) < EVENT_LIMIT:
         # The whole chain: its decisive events are among the newest, and counted.
         decisive, total = [], len(newest)
     else:
         # Found by the audit_decisive_* indexes, however many refusals surround them.
-        decisive = list(rows.filter(DECISIVE_EVENTS).order_by("id")[:DECISIVE_LIMIT])
+        decisive = list(rows.filter(DECISIVE_EVENTS).order_by(_OLDEST_FIRST)[:DECISIVE_LIMIT])
         total = chain.count()
     events = sorted(
         {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
@@ -1055,6 +1055,16 @@ _APPROVAL_FIELDS = (
     "issued_at",
     "delivered_at",
 )
+
+
+# The chain's newest events, by id but not along an index in id order: PostgreSQL would
+# walk the primary key (or the tenant's (tenant, id) index) back from the newest event,
+# filtering, until it had
+# found EVENT_LIMIT of the chain's. For a chain of thousands of events a month old that is
+# every event written since (300,000 newer events: 113 ms, where finding the chain's
+# events through their own indexes and sorting them takes 2-4 ms, however old they are).
+_NEWEST_FIRST = (F("id") + 0).desc()
+_OLDEST_FIRST = (F("id") + 0).asc()  # the decisive events, for the same reason
 
 
 # What ``EventFact`` holds, in the order ``_event_fact_of_row`` reads it.

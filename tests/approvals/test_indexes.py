@@ -60,3 +60,36 @@ def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
     assert len(reads) == 2  # the count and the rows
     for sql in reads:
         assert "approval_unclaimed_expiry" in plan_of(sql), sql
+
+
+def test_an_investigations_events_are_not_found_by_walking_the_table(
+    runtime: Runtime, approved: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain's newest events, and its decisive ones before them, are found through the
+    chain's own indexes and sorted, never by walking an index in id order from the newest
+    (or oldest) event of the table or the tenant: for an old chain, that is every event
+    written since. Sorting switched off, a plan that can walk an index in order would; the
+    investigation's queries leave none."""
+    from reconciliation import investigations
+
+    assert runtime.claim(token, "exec-1").status_code == 200
+    fingerprint = Approval.objects.get(occurrence_id=approved).fingerprint
+    # Fewer events read than the chain holds: the decisive ones are then read on their own.
+    monkeypatch.setattr(investigations, "EVENT_LIMIT", 1)
+    with CaptureQueriesContext(connection) as queries:
+        found = investigations.investigation_get(q=fingerprint, tenant_ids=[runtime.key.tenant_id])
+    assert found.facts.events_total > 1
+    ordered = [
+        q["sql"]
+        for q in queries.captured_queries
+        if 'ORDER BY ("approvals_auditevent"."id" + 0)' in q["sql"]
+    ]
+    assert len(ordered) == 2  # the newest, the decisive
+    for sql in ordered:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_sort = off")
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        # Sorted after they are found: no index (the primary key, the tenant's (tenant, id))
+        # is walked in id order until enough of the chain's events turn up.
+        assert "Sort Key: ((id + 0))" in plan and "Backward" not in plan, plan
