@@ -32,6 +32,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals import vocabulary
+from approvals.compiled import Compiled, Param, ParamList
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     Approval,
@@ -668,15 +669,20 @@ def console_access(user: Any) -> ConsoleAccess:
     return ConsoleAccess(console_memberships(user))
 
 
-def console_memberships(user: Any) -> list[Membership]:
-    """The user's memberships with their tenants, in one query."""
-    if not user.is_authenticated:
-        return []
-    return list(
-        Membership.objects.filter(user_id=user.pk)
+_MEMBERSHIPS = Compiled[Membership](
+    lambda: (
+        Membership.objects.filter(user_id=Param("user", Membership._meta.get_field("user")))
         .select_related("tenant")
         .order_by("tenant__name", "tenant__slug", "role")
     )
+)
+
+
+def console_memberships(user: Any) -> list[Membership]:
+    """The user's memberships with their tenants, in one query (read on every page)."""
+    if not user.is_authenticated:
+        return []
+    return _MEMBERSHIPS.run(user=user.pk)
 
 
 def tool_ids() -> dict[str, int]:
@@ -912,9 +918,25 @@ def _review_queryset() -> QuerySet[Occurrence]:
     )
 
 
+def _one_of_tenants(queryset: QuerySet[Occurrence], tenant_ids: int) -> QuerySet[Occurrence]:
+    """``queryset``'s occurrence ``pk`` if it belongs to one of ``tenant_ids``, as a
+    compiled read's statement (``approvals.compiled``)."""
+    return queryset.filter(
+        pk=Param("pk", Occurrence._meta.pk),
+        tenant_id__in=ParamList("tenant_ids", tenant_ids, Tenant._meta.pk),
+    )[:1]
+
+
+_REVIEW = Compiled[Occurrence](lambda tenant_ids: _one_of_tenants(_review_queryset(), tenant_ids))
+
+
 def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurrence | None:
     """The occurrence if it belongs to one of ``tenant_ids``; None hides it otherwise."""
-    return review_queryset().filter(pk=occurrence_id, tenant_id__in=list(tenant_ids)).first()
+    tenant_ids = list(tenant_ids)
+    if not tenant_ids:
+        return None
+    found = _REVIEW.run(pk=occurrence_id, tenant_ids=tenant_ids)
+    return found[0] if found else None
 
 
 # A page shows the newest events; an occurrence whose token a runtime keeps replaying can
