@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Field, QuerySet
 from django.db.models.expressions import Expression
@@ -68,7 +70,7 @@ class ParamList(Expression):
 @dataclass(frozen=True)
 class _Entry:
     queryset: QuerySet[Any]
-    compiler: SQLCompiler
+    compiler: SQLCompiler | None  # None: the statement can match nothing (not run)
     sql: str
     params: tuple[Any, ...]
 
@@ -84,7 +86,7 @@ class _Entry:
         return tuple(bound)
 
 
-Shape = tuple[tuple[str, int], ...]
+Shape = tuple[tuple[str, Any], ...]
 
 
 class Compiled(Generic[T]):
@@ -99,19 +101,27 @@ class Compiled(Generic[T]):
         _REVIEW.run(pk=occurrence_id, tenant_ids=[1, 2])   # a list of Occurrence
     """
 
+    # Statements kept per read, one per combination of list lengths: beyond this many the
+    # oldest is dropped (and compiled again if it is asked for again).
+    MAX_SHAPES = 64
+
     def __init__(self, build: Callable[..., QuerySet[Any]], *, using: str = "default") -> None:
         self._build = build
         self._using = using
-        self._entries: dict[Shape, _Entry] = {}
+        self._entries: OrderedDict[Shape, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
-    def run(self, **values: Any) -> list[T]:
+    def run(self, fixed: dict[str, Any] | None = None, **values: Any) -> list[T]:
+        """The rows for ``values``. ``fixed`` goes to ``build`` as it is and makes a
+        statement of its own (a limit, say: what a parameter cannot be)."""
         shape = tuple(
             sorted((name, len(v)) for name, v in values.items() if isinstance(v, list | tuple))
-        )
+        ) + tuple(sorted((fixed or {}).items()))
         entry = self._entries.get(shape)
         if entry is None:
             entry = self._compile(shape)
+        if entry.compiler is None:
+            return []  # as Django answers a condition that can match nothing: no query
         connection = connections[self._using]
         params = entry.bind(values, connection)
         # A copy per run: the compiled one is shared by every thread.
@@ -128,11 +138,17 @@ class Compiled(Generic[T]):
             if entry is None:
                 queryset = self._build(**dict(shape))
                 compiler = queryset.query.get_compiler(using=self._using)
-                sql, params = compiler.as_sql()
-                entry = _Entry(queryset, compiler, sql, tuple(params))
+                try:
+                    sql, params = compiler.as_sql()
+                except EmptyResultSet:
+                    entry = _Entry(queryset, None, "", ())
+                else:
+                    entry = _Entry(queryset, compiler, sql, tuple(params))
                 self._entries[shape] = entry
+                while len(self._entries) > self.MAX_SHAPES:
+                    self._entries.popitem(last=False)
             return entry
 
     def compiled(self) -> Iterable[str]:
         """The statements compiled so far (for tests)."""
-        return [entry.sql for entry in self._entries.values()]
+        return [entry.sql for entry in self._entries.values() if entry.compiler is not None]

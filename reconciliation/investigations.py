@@ -31,12 +31,13 @@ from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
-from django.db.models import F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import CharField, F, Field, OuterRef, Q, QuerySet, Subquery, UUIDField
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
+from approvals.compiled import Compiled, Param, ParamList
 from approvals.links import occurrence_path
 from approvals.models import (
     DECISIVE_EVENTS,
@@ -47,6 +48,7 @@ from approvals.models import (
     Membership,
     Occurrence,
     Proposal,
+    Tenant,
 )
 from approvals.presenters import MoneyLine, money_lines, reveal_html
 from approvals.selectors import effective_approval_state, parse_uuid, snapshot
@@ -851,105 +853,56 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         # Other producers' events may name a command the console does not hold; the
         # console's own command events carry their occurrence.
         named |= Q(occurrence_id=pk) | Q(command_id=pk, ingestion__isnull=False)
-    seeds = list(
-        AuditEvent.objects.filter(tenant_id__in=tenant_ids)
-        .filter(named)
-        .order_by()
-        .values_list("token_fingerprint", "occurrence_id", "command_id")
-        .distinct()[:SEED_LIMIT]
-    )
-    approval_named = Q(fingerprint=q) | (Q(occurrence_id=pk) if pk is not None else Q())
-    seed_approvals = list(
-        Approval.objects.filter(tenant_id__in=tenant_ids)
-        .filter(approval_named)
-        .order_by()
-        .values_list("occurrence_id", "fingerprint")[:SEED_LIMIT]
-    )
-    seed_commands: list[tuple[uuid.UUID, uuid.UUID]] = []
-    if pk is not None:
-        seed_commands = list(
-            Command.objects.filter(tenant_id__in=tenant_ids)
-            .filter(Q(pk=pk) | Q(occurrence_id=pk))
-            .order_by()
-            .values_list("pk", "occurrence_id")[:SEED_LIMIT]
-        )
+    by_id = pk is not None
+    seeds = _SEEDS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
+    seed_approvals = _SEED_APPROVALS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
+    seed_commands = _SEED_COMMANDS.run(pk=pk, tenant_ids=tenant_ids) if by_id else []
     occurrence_ids = {o for _, o, _ in seeds if o} | {o for o, _ in seed_approvals}
     occurrence_ids |= {o for _, o in seed_commands} | ({pk} if pk is not None else set())
     fingerprints = {f for f, _, _ in seeds if f} | {f for _, f in seed_approvals if f}
     command_ids = {c for _, _, c in seeds if c} | {c for c, _ in seed_commands}
 
     # 2. The approvals of those occurrences and fingerprints, then the occurrences.
-    approvals = list(
-        Approval.objects.filter(tenant_id__in=tenant_ids)
-        .filter(Q(occurrence_id__in=occurrence_ids) | Q(fingerprint__in=fingerprints))
-        .select_related("approver")
-        # What ``ApprovalFact`` holds: the token's hash and the approver's password hash
-        # stay in the database (fewer columns to compile, read and build).
-        .only(*_APPROVAL_FIELDS, f"approver__{User.USERNAME_FIELD}")
-        .order_by("issued_at", "pk")[:SEED_LIMIT]
+    approvals = _APPROVALS.run(
+        tenant_ids=tenant_ids, occurrence_ids=list(occurrence_ids), fingerprints=list(fingerprints)
     )
     occurrence_ids |= {a.occurrence_id for a in approvals}
     fingerprints |= {a.fingerprint for a in approvals if a.fingerprint}
     ranked = sorted(occurrence_ids, key=str)
-    occurrences: list[Occurrence] = list(
-        Occurrence.objects.filter(tenant_id__in=tenant_ids, pk__in=ranked[:OCCURRENCE_LIMIT])
-        .select_related("tool", "tenant")
-        # What the page shows of each: its tool's and tenant's names, its status and the
-        # amounts of its current action, read in the same statement.
-        .only("tenant_id", "tool_id", "status", "created_at", "tool__name", "tenant__name")
-        .annotate(
-            current_action=Subquery(
-                Proposal.objects.filter(occurrence=OuterRef("pk"), is_current=True).values(
-                    "canonical_action"
-                )[:1]
-            )
-        )
-        .order_by("created_at")
-    )
+    occurrences = _OCCURRENCES.run(tenant_ids=tenant_ids, occurrence_ids=ranked[:OCCURRENCE_LIMIT])
     limited = len(ranked) > OCCURRENCE_LIMIT
     occurrence_ids = {o.pk for o in occurrences}
 
     # 3. Commands, their adapter invocations and the operators' decisions about them.
-    commands = list(
-        Command.objects.filter(tenant_id__in=tenant_ids)
-        .filter(Q(occurrence_id__in=occurrence_ids) | Q(pk__in=command_ids))
-        .order_by("created_at")[:SEED_LIMIT]
+    commands = _COMMANDS.run(
+        tenant_ids=tenant_ids, occurrence_ids=list(occurrence_ids), command_ids=list(command_ids)
     )
     console_command_ids = [c.pk for c in commands]
     command_ids |= set(console_command_ids)
-    invocations = list(
-        AdapterInvocation.objects.filter(command_id__in=console_command_ids)
-        .select_related("epoch")
-        .order_by("command_id", "number")
-    )
-    decisions = list(
-        OperatorDecision.objects.filter(command_id__in=console_command_ids).order_by(
-            "created_at", "pk"
-        )
-    )
+    invocations = _INVOCATIONS.run(command_ids=console_command_ids)
+    decisions = _DECISIONS.run(command_ids=console_command_ids)
 
     # 4. The audit events of all of it: every approved decision and committed effect (what
     # the verdict cannot do without), and the newest others; then their later deliveries.
-    chain = AuditEvent.objects.filter(tenant_id__in=tenant_ids).filter(
-        named
-        | Q(occurrence_id__in=occurrence_ids)
-        | Q(token_fingerprint__in=fingerprints)
-        | Q(command_id__in=command_ids, ingestion__isnull=False)
-    )
+    chain_values = {
+        "q": q,
+        "pk": pk,
+        "tenant_ids": tenant_ids,
+        "occurrence_ids": list(occurrence_ids),
+        "fingerprints": list(fingerprints),
+        "command_ids": list(command_ids),
+    }
     # Read as plain values, never as models: a chain of hundreds of events is read on every
     # request, and building (and decoding the payload of) each model cost more than the
     # query. Only an effect's receipt is read from the payload.
-    rows: QuerySet[AuditEvent, tuple[Any, ...]] = chain.annotate(
-        receipt_value=F("data__receipt")
-    ).values_list(*_EVENT_COLUMNS)
-    newest = list(rows.order_by(_NEWEST_FIRST)[:EVENT_LIMIT])
+    newest = _NEWEST[by_id].run(fixed={"limit": EVENT_LIMIT}, **chain_values)
     if len(newest) < EVENT_LIMIT:
         # The whole chain: its decisive events are among the newest, and counted.
         decisive, total = [], len(newest)
     else:
         # Found by the audit_decisive_* indexes, however many refusals surround them.
-        decisive = list(rows.filter(DECISIVE_EVENTS).order_by(_OLDEST_FIRST)[:DECISIVE_LIMIT])
-        total = chain.count()
+        decisive = _DECISIVE[by_id].run(fixed={"limit": DECISIVE_LIMIT}, **chain_values)
+        total = _chain(named, tenant_ids, occurrence_ids, fingerprints, command_ids).count()
     events = sorted(
         {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
         key=lambda e: e.pk,
@@ -961,6 +914,7 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     if newest:
         read |= Q(pk__gte=newest[-1][0], pk__lte=newest[0][0])
     read_pks = {e.pk for e in events}
+    chain = _chain(named, tenant_ids, occurrence_ids, fingerprints, command_ids)
     deliveries = [
         d
         for d in AuditDuplicateDelivery.objects.filter(
@@ -1042,6 +996,23 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         events_newest=len(newest),
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)
+
+
+def _chain(
+    named: Q,
+    tenant_ids: Iterable[int],
+    occurrence_ids: Iterable[Any],
+    fingerprints: Iterable[str],
+    command_ids: Iterable[Any],
+) -> QuerySet[AuditEvent]:
+    """Every audit event of what was found: named by the id asked for, of its occurrences,
+    with its fingerprints, and other producers' events naming its commands."""
+    return AuditEvent.objects.filter(tenant_id__in=list(tenant_ids)).filter(
+        named
+        | Q(occurrence_id__in=list(occurrence_ids))
+        | Q(token_fingerprint__in=list(fingerprints))
+        | Q(command_id__in=list(command_ids), ingestion__isnull=False)
+    )
 
 
 # The approval's columns ``ApprovalFact`` is built from.
@@ -1126,6 +1097,163 @@ def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
         ingestion_id,
         ingested_at,
     )
+
+
+# --- the reads, compiled once per process (approvals.compiled) -----------------------------
+# Their values are parameters: ``q`` (the id asked for), ``pk`` (it read as a UUID, if it
+# is one), and lists whose lengths each build is given. An empty list's condition is left
+# out (it matches nothing), as Django leaves out an empty ``__in``.
+
+_UUID: Field[Any, Any] = UUIDField()
+_TEXT: Field[Any, Any] = CharField()
+_TENANT = Tenant._meta.pk
+
+
+def _tenants(size: int) -> ParamList:
+    return ParamList("tenant_ids", size, _TENANT)
+
+
+def _in(lookup: str, name: str, size: int, field: Any) -> Q:
+    """``lookup__in`` the list ``name``; nothing for an empty one."""
+    if not size:
+        return Q(pk__in=[])
+    return Q(**{f"{lookup}__in": ParamList(name, size, field)})
+
+
+def _named(by_id: bool) -> Q:
+    """What the id names (``named`` in ``_investigation_get``), as parameters."""
+    named = Q(token_fingerprint=Param("q", _TEXT)) | Q(execution_id=Param("q", _TEXT))
+    if by_id:
+        named |= Q(occurrence_id=Param("pk", _UUID)) | Q(
+            command_id=Param("pk", _UUID), ingestion__isnull=False
+        )
+    return named
+
+
+def _chain_q(by_id: bool, occurrence_ids: int, fingerprints: int, command_ids: int) -> Q:
+    return (
+        _named(by_id)
+        | _in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID)
+        | _in("token_fingerprint", "fingerprints", fingerprints, _TEXT)
+        | (_in("command_id", "command_ids", command_ids, _UUID) & Q(ingestion__isnull=False))
+    )
+
+
+def _chain_rows(
+    by_id: bool, tenant_ids: int, occurrence_ids: int, fingerprints: int, command_ids: int
+) -> QuerySet[AuditEvent, tuple[Any, ...]]:
+    return (
+        AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
+        .filter(_chain_q(by_id, occurrence_ids, fingerprints, command_ids))
+        .annotate(receipt_value=F("data__receipt"))
+        .values_list(*_EVENT_COLUMNS)
+    )
+
+
+_SEEDS = {
+    by_id: Compiled[tuple[str, Any, Any]](
+        lambda tenant_ids, by_id=by_id: (
+            AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
+            .filter(_named(by_id))
+            .order_by()
+            .values_list("token_fingerprint", "occurrence_id", "command_id")
+            .distinct()[:SEED_LIMIT]
+        )
+    )
+    for by_id in (False, True)
+}
+_SEED_APPROVALS = {
+    by_id: Compiled[tuple[Any, str]](
+        lambda tenant_ids, by_id=by_id: (
+            Approval.objects.filter(tenant_id__in=_tenants(tenant_ids))
+            .filter(
+                Q(fingerprint=Param("q", _TEXT))
+                | (Q(occurrence_id=Param("pk", _UUID)) if by_id else Q())
+            )
+            .order_by()
+            .values_list("occurrence_id", "fingerprint")[:SEED_LIMIT]
+        )
+    )
+    for by_id in (False, True)
+}
+_SEED_COMMANDS = Compiled[tuple[Any, Any]](
+    lambda tenant_ids: (
+        Command.objects.filter(tenant_id__in=_tenants(tenant_ids))
+        .filter(Q(pk=Param("pk", _UUID)) | Q(occurrence_id=Param("pk", _UUID)))
+        .order_by()
+        .values_list("pk", "occurrence_id")[:SEED_LIMIT]
+    )
+)
+_APPROVALS = Compiled[Approval](
+    lambda tenant_ids, occurrence_ids, fingerprints: (
+        Approval.objects.filter(tenant_id__in=_tenants(tenant_ids))
+        .filter(
+            _in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID)
+            | _in("fingerprint", "fingerprints", fingerprints, _TEXT)
+        )
+        .select_related("approver")
+        # What ``ApprovalFact`` holds: the token's hash and the approver's password hash
+        # stay in the database (fewer columns to compile, read and build).
+        .only(*_APPROVAL_FIELDS, f"approver__{User.USERNAME_FIELD}")
+        .order_by("issued_at", "pk")[:SEED_LIMIT]
+    )
+)
+_OCCURRENCES = Compiled[Occurrence](
+    lambda tenant_ids, occurrence_ids: (
+        Occurrence.objects.filter(tenant_id__in=_tenants(tenant_ids))
+        .filter(_in("pk", "occurrence_ids", occurrence_ids, _UUID))
+        .select_related("tool", "tenant")
+        # What the page shows of each: its tool's and tenant's names, its status and the
+        # amounts of its current action, read in the same statement.
+        .only("tenant_id", "tool_id", "status", "created_at", "tool__name", "tenant__name")
+        .annotate(
+            current_action=Subquery(
+                Proposal.objects.filter(occurrence=OuterRef("pk"), is_current=True).values(
+                    "canonical_action"
+                )[:1]
+            )
+        )
+        .order_by("created_at")
+    )
+)
+_COMMANDS = Compiled[Command](
+    lambda tenant_ids, occurrence_ids, command_ids: (
+        Command.objects.filter(tenant_id__in=_tenants(tenant_ids))
+        .filter(
+            _in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID)
+            | _in("pk", "command_ids", command_ids, _UUID)
+        )
+        .order_by("created_at")[:SEED_LIMIT]
+    )
+)
+_INVOCATIONS = Compiled[AdapterInvocation](
+    lambda command_ids: (
+        AdapterInvocation.objects.filter(_in("command_id", "command_ids", command_ids, _UUID))
+        .select_related("epoch")
+        .order_by("command_id", "number")
+    )
+)
+_DECISIONS = Compiled[OperatorDecision](
+    lambda command_ids: OperatorDecision.objects.filter(
+        _in("command_id", "command_ids", command_ids, _UUID)
+    ).order_by("created_at", "pk")
+)
+_NEWEST = {
+    by_id: Compiled[tuple[Any, ...]](
+        lambda limit, by_id=by_id, **sizes: _chain_rows(by_id, **sizes).order_by(_NEWEST_FIRST)[
+            :limit
+        ]
+    )
+    for by_id in (False, True)
+}
+_DECISIVE = {
+    by_id: Compiled[tuple[Any, ...]](
+        lambda limit, by_id=by_id, **sizes: (
+            _chain_rows(by_id, **sizes).filter(DECISIVE_EVENTS).order_by(_OLDEST_FIRST)[:limit]
+        )
+    )
+    for by_id in (False, True)
+}
 
 
 # --- the page -------------------------------------------------------------------------------
