@@ -18,6 +18,8 @@ every value that varies as a ``Param`` (never ``timezone.now()``, a user, a tena
 from __future__ import annotations
 
 import copy
+import inspect
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -26,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import Field, QuerySet
+from django.db.models import BigIntegerField, Field, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -40,6 +42,7 @@ class _Slot:
     name: str
     field: Field[Any, Any]
     index: int | None = None
+    ids: bool = False  # a whole list of integers, in one parameter (ParamIds)
 
 
 class Param(Expression):
@@ -67,6 +70,22 @@ class ParamList(Expression):
         return ", ".join(["%s"] * self.size), list(slots)
 
 
+class ParamIds(Expression):
+    """A list of integer ids, of any length, for ``__in``, given when the compiled read
+    runs: one parameter, ``IN (SELECT unnest(%s::bigint[]))`` on PostgreSQL and a JSON list
+    elsewhere (SQLite), so that a list of hundreds of ids costs neither a statement per
+    length nor a parameter per id."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(output_field=BigIntegerField())
+        self.name = name
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        if connection.vendor == "postgresql":
+            return "SELECT unnest(%s::bigint[])", [_Slot(self.name, self.output_field, ids=True)]
+        return "SELECT value FROM json_each(%s)", [_Slot(self.name, self.output_field, ids=True)]
+
+
 @dataclass(frozen=True)
 class _Entry:
     queryset: QuerySet[Any]
@@ -79,9 +98,13 @@ class _Entry:
         for param in self.params:
             if isinstance(param, _Slot):
                 value = values[param.name]
-                if param.index is not None:
-                    value = value[param.index]
-                param = param.field.get_db_prep_value(value, connection, prepared=False)
+                if param.ids:
+                    ids = [int(i) for i in value]
+                    param = ids if connection.vendor == "postgresql" else json.dumps(ids)
+                else:
+                    if param.index is not None:
+                        value = value[param.index]
+                    param = param.field.get_db_prep_value(value, connection, prepared=False)
             bound.append(param)
         return tuple(bound)
 
@@ -108,15 +131,23 @@ class Compiled(Generic[T]):
     def __init__(self, build: Callable[..., QuerySet[Any]], *, using: str = "default") -> None:
         self._build = build
         self._using = using
+        # The lists whose lengths make the statement: what ``build`` takes.
+        self._sized = [
+            name
+            for name, parameter in inspect.signature(build).parameters.items()
+            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            and parameter.default is parameter.empty
+        ]
         self._entries: OrderedDict[Shape, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def run(self, fixed: dict[str, Any] | None = None, **values: Any) -> list[T]:
         """The rows for ``values``. ``fixed`` goes to ``build`` as it is and makes a
         statement of its own (a limit, say: what a parameter cannot be)."""
+        fixed = fixed or {}
         shape = tuple(
-            sorted((name, len(v)) for name, v in values.items() if isinstance(v, list | tuple))
-        ) + tuple(sorted((fixed or {}).items()))
+            (name, fixed[name] if name in fixed else len(values[name])) for name in self._sized
+        )
         entry = self._entries.get(shape)
         if entry is None:
             entry = self._compile(shape)

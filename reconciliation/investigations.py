@@ -31,13 +31,23 @@ from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
-from django.db.models import CharField, F, Field, OuterRef, Q, QuerySet, Subquery, UUIDField
+from django.db import models
+from django.db.models import (
+    CharField,
+    F,
+    Field,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    UUIDField,
+)
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
-from approvals.compiled import Compiled, Param, ParamList
+from approvals.compiled import Compiled, Param, ParamIds, ParamList
 from approvals.links import occurrence_path
 from approvals.models import (
     DECISIVE_EVENTS,
@@ -848,11 +858,8 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
 
     # 1. What the id names: the audit trail (indexed by tenant and fingerprint, tenant and
     # execution, occurrence), approvals by fingerprint, commands by id.
-    named = Q(token_fingerprint=q) | Q(execution_id=q)
-    if pk is not None:
-        # Other producers' events may name a command the console does not hold; the
-        # console's own command events carry their occurrence.
-        named |= Q(occurrence_id=pk) | Q(command_id=pk, ingestion__isnull=False)
+    # Other producers' events may name a command the console does not hold; the console's
+    # own command events carry their occurrence (``_named``).
     by_id = pk is not None
     seeds = _SEEDS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
     seed_approvals = _SEED_APPROVALS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
@@ -884,7 +891,7 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
 
     # 4. The audit events of all of it: every approved decision and committed effect (what
     # the verdict cannot do without), and the newest others; then their later deliveries.
-    chain_values = {
+    chain_values: dict[str, Any] = {
         "q": q,
         "pk": pk,
         "tenant_ids": tenant_ids,
@@ -902,29 +909,12 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     else:
         # Found by the audit_decisive_* indexes, however many refusals surround them.
         decisive = _DECISIVE[by_id].run(fixed={"limit": DECISIVE_LIMIT}, **chain_values)
-        total = _chain(named, tenant_ids, occurrence_ids, fingerprints, command_ids).count()
+        total = sum(_COUNT[by_id].run(**chain_values))
     events = sorted(
         {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
         key=lambda e: e.pk,
     )
-    # The later deliveries of the events read. Named by the chain's own condition, not by
-    # a list of hundreds of ids (whose parameters cost more than the query): the newest
-    # events read are the chain's events between the oldest and the newest of them.
-    read = Q(pk__in=[row[0] for row in decisive])
-    if newest:
-        read |= Q(pk__gte=newest[-1][0], pk__lte=newest[0][0])
-    read_pks = {e.pk for e in events}
-    chain = _chain(named, tenant_ids, occurrence_ids, fingerprints, command_ids)
-    deliveries = [
-        d
-        for d in AuditDuplicateDelivery.objects.filter(
-            tenant_id__in=tenant_ids, original__in=chain.filter(read).values("pk")
-        )
-        .select_related("ingestion")
-        .order_by("id")
-        # Ids commit out of order: an event committed since may have an id in that range.
-        if d.original_id in read_pks
-    ]
+    deliveries = _DELIVERIES.run(tenant_ids=tenant_ids, read=[e.pk for e in events])
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
     fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}
@@ -996,23 +986,6 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         events_newest=len(newest),
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)
-
-
-def _chain(
-    named: Q,
-    tenant_ids: Iterable[int],
-    occurrence_ids: Iterable[Any],
-    fingerprints: Iterable[str],
-    command_ids: Iterable[Any],
-) -> QuerySet[AuditEvent]:
-    """Every audit event of what was found: named by the id asked for, of its occurrences,
-    with its fingerprints, and other producers' events naming its commands."""
-    return AuditEvent.objects.filter(tenant_id__in=list(tenant_ids)).filter(
-        named
-        | Q(occurrence_id__in=list(occurrence_ids))
-        | Q(token_fingerprint__in=list(fingerprints))
-        | Q(command_id__in=list(command_ids), ingestion__isnull=False)
-    )
 
 
 # The approval's columns ``ApprovalFact`` is built from.
@@ -1240,20 +1213,48 @@ _DECISIONS = Compiled[OperatorDecision](
 )
 _NEWEST = {
     by_id: Compiled[tuple[Any, ...]](
-        lambda limit, by_id=by_id, **sizes: _chain_rows(by_id, **sizes).order_by(_NEWEST_FIRST)[
-            :limit
-        ]
+        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
+            _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids).order_by(
+                _NEWEST_FIRST
+            )[:limit]
+        )
     )
     for by_id in (False, True)
 }
 _DECISIVE = {
     by_id: Compiled[tuple[Any, ...]](
-        lambda limit, by_id=by_id, **sizes: (
-            _chain_rows(by_id, **sizes).filter(DECISIVE_EVENTS).order_by(_OLDEST_FIRST)[:limit]
+        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
+            _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
+            .filter(DECISIVE_EVENTS)
+            .order_by(_OLDEST_FIRST)[:limit]
         )
     )
     for by_id in (False, True)
 }
+# How many events the chain holds, by tenant (one row per tenant, summed).
+_COUNT = {
+    by_id: Compiled[int](
+        lambda tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
+            AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
+            .filter(_chain_q(by_id, occurrence_ids, fingerprints, command_ids))
+            .order_by()
+            .values("tenant_id")
+            .annotate(n=models.Count("*"))
+            .values_list("n", flat=True)
+        )
+    )
+    for by_id in (False, True)
+}
+# The later deliveries of the events read, named by their ids in one parameter.
+_DELIVERIES = Compiled[AuditDuplicateDelivery](
+    lambda tenant_ids: (
+        AuditDuplicateDelivery.objects.filter(
+            tenant_id__in=_tenants(tenant_ids), original_id__in=ParamIds("read")
+        )
+        .select_related("ingestion")
+        .order_by("id")
+    )
+)
 
 
 # --- the page -------------------------------------------------------------------------------

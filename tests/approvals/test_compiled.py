@@ -14,7 +14,7 @@ from django.db.models import BigIntegerField, CharField
 from django.test.utils import CaptureQueriesContext
 
 from approvals import selectors
-from approvals.compiled import Compiled, Param, ParamList
+from approvals.compiled import Compiled, Param, ParamIds, ParamList
 from approvals.models import Membership, Occurrence, Tenant
 from tests.conftest import Runtime, approve, make_runtime, make_user
 
@@ -93,6 +93,23 @@ def test_each_call_binds_its_own_values_and_each_list_length_compiles_once(
         assert [m.role for m in named.run(name="olga")] == [Membership.Role.OPERATOR]
         assert named.run(name="nobody") == []
     assert len(queries) == 3
+
+
+def test_a_list_of_ids_is_one_parameter_whatever_its_length(
+    tenant: Tenant, other_tenant: Tenant
+) -> None:
+    slugs = Compiled[str](
+        lambda: (
+            Tenant.objects.filter(pk__in=ParamIds("ids"))
+            .order_by("slug")
+            .values_list("slug", flat=True)
+        )
+    )
+    assert slugs.run(ids=[tenant.pk]) == ["acme"]
+    assert slugs.run(ids=[other_tenant.pk, tenant.pk, 10**12]) == ["acme", "globex"]
+    assert slugs.run(ids=[]) == []
+    [sql] = slugs.compiled()
+    assert sql.count("%s") == 1
 
 
 def test_an_empty_list_is_refused_when_the_statement_is_built() -> None:
