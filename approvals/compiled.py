@@ -183,3 +183,20 @@ class Compiled(Generic[T]):
     def compiled(self) -> Iterable[str]:
         """The statements compiled so far (for tests)."""
         return [entry.sql for entry in self._entries.values() if entry.compiler is not None]
+
+
+def prefetched(instance: Any, name: str, rows: list[Any]) -> None:
+    """Keep ``rows`` (read by a compiled read) as ``instance.<name>.all()``, as
+    ``prefetch_related`` keeps what it reads: each row's link back to ``instance`` set, and
+    the related manager answering from them without a query. ``name`` is a reverse
+    foreign key's accessor (``occurrence.proposals``)."""
+    manager = getattr(instance, name)
+    field = manager.field
+    for row in rows:
+        field.set_cached_value(row, instance)
+    queryset = manager.get_queryset()
+    queryset._result_cache = rows
+    queryset._prefetch_done = True
+    if not hasattr(instance, "_prefetched_objects_cache"):
+        instance._prefetched_objects_cache = {}
+    instance._prefetched_objects_cache[field.remote_field.cache_name] = queryset

@@ -32,7 +32,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals import vocabulary
-from approvals.compiled import Compiled, Param, ParamList
+from approvals.compiled import Compiled, Param, ParamList, prefetched
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     Approval,
@@ -889,32 +889,44 @@ def review_queryset() -> QuerySet[Occurrence]:
     return _review_queryset().all()
 
 
+def _review_base() -> QuerySet[Occurrence]:
+    """The occurrence with its tool, tenant and runtime key, its freshness and how many
+    audit events it has."""
+    return Occurrence.objects.select_related("tool", "tenant", "runtime_key").annotate(
+        **_freshness_annotations(),
+        history_total=Subquery(
+            AuditEvent.objects.filter(occurrence=OuterRef("pk"))
+            .order_by()
+            .values("occurrence")
+            .annotate(n=Count("id"))
+            .values("n")
+        ),
+    )
+
+
+def _review_proposals() -> QuerySet[Proposal]:
+    return Proposal.objects.select_related("edited_by").order_by("version")
+
+
+def _review_votes() -> QuerySet[ApprovalVote]:
+    return ApprovalVote.objects.select_related("reviewer")
+
+
+def _review_approvals() -> QuerySet[Approval]:
+    # Each approval with its command (one-to-one), in the same query.
+    return Approval.objects.select_related("approver", "command")
+
+
 @functools.cache
 def _review_queryset() -> QuerySet[Occurrence]:
-    return (
-        Occurrence.objects.select_related("tool", "tenant", "runtime_key")
-        .annotate(
-            **_freshness_annotations(),
-            history_total=Subquery(
-                AuditEvent.objects.filter(occurrence=OuterRef("pk"))
-                .order_by()
-                .values("occurrence")
-                .annotate(n=Count("id"))
-                .values("n")
+    return _review_base().prefetch_related(
+        Prefetch(
+            "proposals",
+            queryset=_review_proposals().prefetch_related(
+                Prefetch("votes", queryset=_review_votes())
             ),
-        )
-        .prefetch_related(
-            Prefetch(
-                "proposals",
-                queryset=Proposal.objects.select_related("edited_by")
-                .prefetch_related(
-                    Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer"))
-                )
-                .order_by("version"),
-            ),
-            # Each approval with its command (one-to-one), in the same query.
-            Prefetch("approvals", queryset=Approval.objects.select_related("approver", "command")),
-        )
+        ),
+        Prefetch("approvals", queryset=_review_approvals()),
     )
 
 
@@ -927,16 +939,39 @@ def _one_of_tenants(queryset: QuerySet[Occurrence], tenant_ids: int) -> QuerySet
     )[:1]
 
 
-_REVIEW = Compiled[Occurrence](lambda tenant_ids: _one_of_tenants(_review_queryset(), tenant_ids))
+# ``review_queryset``'s four statements, compiled once per process (approvals.compiled).
+_OCCURRENCE_PK = Occurrence._meta.pk
+_REVIEW = Compiled[Occurrence](lambda tenant_ids: _one_of_tenants(_review_base(), tenant_ids))
+_REVIEW_PROPOSALS = Compiled[Proposal](
+    lambda: _review_proposals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
+)
+_REVIEW_VOTES = Compiled[ApprovalVote](
+    lambda: _review_votes().filter(proposal__occurrence_id=Param("pk", _OCCURRENCE_PK))
+)
+_REVIEW_APPROVALS = Compiled[Approval](
+    lambda: _review_approvals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
+)
 
 
 def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurrence | None:
-    """The occurrence if it belongs to one of ``tenant_ids``; None hides it otherwise."""
+    """The occurrence if it belongs to one of ``tenant_ids``; None hides it otherwise.
+    What ``review_queryset`` reads, in the same four statements, compiled once."""
     tenant_ids = list(tenant_ids)
     if not tenant_ids:
         return None
     found = _REVIEW.run(pk=occurrence_id, tenant_ids=tenant_ids)
-    return found[0] if found else None
+    if not found:
+        return None
+    [occurrence] = found
+    proposals = _REVIEW_PROPOSALS.run(pk=occurrence.pk)
+    votes: dict[int, list[ApprovalVote]] = {p.pk: [] for p in proposals}
+    for vote in _REVIEW_VOTES.run(pk=occurrence.pk):
+        votes[vote.proposal_id].append(vote)
+    for proposal in proposals:
+        prefetched(proposal, "votes", votes[proposal.pk])
+    prefetched(occurrence, "proposals", proposals)
+    prefetched(occurrence, "approvals", _REVIEW_APPROVALS.run(pk=occurrence.pk))
+    return occurrence
 
 
 # A page shows the newest events; an occurrence whose token a runtime keeps replaying can

@@ -61,6 +61,15 @@ def test_the_review_read_answers_as_its_queryset(
             )
             assert compiled is not None and plain is not None
             assert _fields(compiled) == _fields(plain)
+    # What the page reads of it is read with it: no query more.
+    read = selectors.review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[mine])
+    assert read is not None
+    with CaptureQueriesContext(connection) as later:
+        _fields(read)
+        assert all(p.occurrence is read for p in read.proposals.all())
+        assert all(v.proposal.pk == p.pk for p in read.proposals.all() for v in p.votes.all())
+        assert all(a.occurrence is read for a in read.approvals.all())
+    assert later.captured_queries == []
     # Another tenant's occurrence is none of these tenants'.
     assert selectors.review_get(occurrence_id=other, tenant_ids=[mine]) is None
     assert selectors.review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[]) is None
