@@ -1045,24 +1045,52 @@ def occurrence_history(
     oldest windows know without asking). ``total`` is the number of events counted with
     the occurrence (``review_queryset``). Windows do not overlap: the one before the
     oldest full window holds what is left, however few."""
-    events = AuditEvent.objects.filter(occurrence=occurrence)
+    limit = {"limit": size}
     if cursor.before is None and cursor.after is None:
-        newest = list(events.order_by("-id")[:size])
+        newest = _HISTORY_NEWEST.run(limit, occurrence=occurrence.pk)
         newest.reverse()
         total = max(total, len(newest))
         return HistoryWindow(newest, total, total - len(newest))
     if cursor.before is not None:
-        window = list(events.filter(id__lt=cursor.before).order_by("-id")[:size])
+        window = _HISTORY_BEFORE.run(limit, occurrence=occurrence.pk, id=cursor.before)
         window.reverse()
     else:
-        window = list(events.filter(id__gt=cursor.after).order_by("id")[:size])
+        window = _HISTORY_AFTER.run(limit, occurrence=occurrence.pk, id=cursor.after)
     if cursor.after == 0 or (cursor.before is not None and len(window) < size):
         earlier = 0  # the window starts at the first event
     elif window:
-        earlier = events.filter(id__lt=window[0].pk).count()
+        earlier = sum(_HISTORY_EARLIER.run(occurrence=occurrence.pk, id=window[0].pk))
     else:
         earlier = total  # nothing after the cursor: every event is earlier
     return HistoryWindow(window, max(total, earlier + len(window)), earlier, cursor)
+
+
+# A history's windows, compiled once per process (approvals.compiled).
+_EVENT_PK = AuditEvent._meta.pk
+
+
+def _events_of() -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE_PK))
+
+
+_HISTORY_NEWEST = Compiled[AuditEvent](lambda limit: _events_of().order_by("-id")[:limit])
+_HISTORY_BEFORE = Compiled[AuditEvent](
+    lambda limit: _events_of().filter(id__lt=Param("id", _EVENT_PK)).order_by("-id")[:limit]
+)
+_HISTORY_AFTER = Compiled[AuditEvent](
+    lambda limit: _events_of().filter(id__gt=Param("id", _EVENT_PK)).order_by("id")[:limit]
+)
+# How many events precede one: a row with the count (none when none do).
+_HISTORY_EARLIER = Compiled[int](
+    lambda: (
+        _events_of()
+        .filter(id__lt=Param("id", _EVENT_PK))
+        .order_by()
+        .values("occurrence_id")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
+)
 
 
 def rejected_by(occurrence: Occurrence) -> str:
