@@ -38,7 +38,6 @@ from approvals.models import (
     Approval,
     AuditEvent,
     Command,
-    Membership,
     Occurrence,
     Proposal,
     ToolContract,
@@ -57,6 +56,7 @@ from approvals.selectors import (
     ReviewSnapshot,
     approval_state,
     effective_approval_state,
+    tenant_members,
 )
 from approvals.vocabulary import AuditKind, ClaimDecision, is_refused_use
 
@@ -1124,11 +1124,7 @@ def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, An
     tool = occurrence.tool
     members: list[tuple[str, str]] = []
     if occurrence.requested_by:
-        members = list(
-            Membership.objects.filter(tenant_id=occurrence.tenant_id)
-            .values_list("user__username", "user__email")
-            .distinct()
-        )
+        members = tenant_members(occurrence.tenant_id)
     return {
         "tool": tool,
         "tenant": occurrence.tenant,

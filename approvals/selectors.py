@@ -1095,13 +1095,20 @@ _HISTORY_EARLIER = Compiled[int](
 
 def rejected_by(occurrence: Occurrence) -> str:
     """Who rejected the occurrence, from its last rejection event."""
-    actor: str | None = (
-        AuditEvent.objects.filter(occurrence=occurrence, kind=AuditKind.OCCURRENCE_REJECTED)
+    actors = _REJECTED_BY.run(occurrence=occurrence.pk)
+    return actors[0] if actors and actors[0] else ""
+
+
+_REJECTED_BY = Compiled[str](
+    lambda: (
+        AuditEvent.objects.filter(
+            occurrence_id=Param("occurrence", Occurrence._meta.pk),
+            kind=AuditKind.OCCURRENCE_REJECTED,
+        )
         .order_by("-id")
-        .values_list("actor", flat=True)
-        .first()
+        .values_list("actor", flat=True)[:1]
     )
-    return actor or ""
+)
 
 
 # How many executions the evidence line names; it counts the others.
@@ -1247,12 +1254,32 @@ def claim_tally_of_history(
     return tally
 
 
-def tenant_reviewer_names(tenant_id: int) -> list[str]:
-    return list(
-        Membership.objects.filter(tenant_id=tenant_id, role=Membership.Role.REVIEWER)
+_TENANT_PK = Tenant._meta.pk
+_REVIEWER_NAMES = Compiled[str](
+    lambda: (
+        Membership.objects.filter(
+            tenant_id=Param("tenant", _TENANT_PK), role=Membership.Role.REVIEWER
+        )
         .order_by("user__username")
         .values_list("user__username", flat=True)
     )
+)
+_MEMBERS = Compiled[tuple[str, str]](
+    lambda: (
+        Membership.objects.filter(tenant_id=Param("tenant", _TENANT_PK))
+        .values_list("user__username", "user__email")
+        .distinct()
+    )
+)
+
+
+def tenant_reviewer_names(tenant_id: int) -> list[str]:
+    return _REVIEWER_NAMES.run(tenant=tenant_id)
+
+
+def tenant_members(tenant_id: int) -> list[tuple[str, str]]:
+    """The (username, email) of everyone with a role in the tenant."""
+    return _MEMBERS.run(tenant=tenant_id)
 
 
 class PanelState:
@@ -1373,12 +1400,17 @@ def effect_evidence(
             reverse=True,
         )[:EFFECT_EVENTS]
     else:
-        events = list(
-            AuditEvent.objects.filter(
-                occurrence=occurrence, command_id=command.pk, kind__in=vocabulary.EFFECT_KINDS
-            ).order_by("-id")[:EFFECT_EVENTS]
-        )
+        events = _EFFECT_EVENTS.run(occurrence=occurrence.pk, command=command.pk)
     return _effect_evidence_of(events)
+
+
+_EFFECT_EVENTS = Compiled[AuditEvent](
+    lambda: AuditEvent.objects.filter(
+        occurrence_id=Param("occurrence", Occurrence._meta.pk),
+        command_id=Param("command", AuditEvent._meta.get_field("command_id")),
+        kind__in=vocabulary.EFFECT_KINDS,
+    ).order_by("-id")[:EFFECT_EVENTS]
+)
 
 
 def _effect_evidence_of(events: list[AuditEvent]) -> EffectEvidence:
