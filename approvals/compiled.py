@@ -92,6 +92,9 @@ class _Entry:
     compiler: SQLCompiler | None  # None: the statement can match nothing (not run)
     sql: str
     params: tuple[Any, ...]
+    # What turns each column's value into Python, as the compiler would work it out anew on
+    # every run (``SQLCompiler.results_iter``).
+    converters: dict[int, Any] | None = None
 
     def bind(self, values: dict[str, Any], connection: Any) -> tuple[Any, ...]:
         bound = []
@@ -159,6 +162,7 @@ class Compiled(Generic[T]):
         compiler = copy.copy(entry.compiler)
         compiler.connection = connection
         compiler.as_sql = lambda *args, **kwargs: (entry.sql, params)  # type: ignore[method-assign]
+        compiler.get_converters = lambda expressions: entry.converters  # type: ignore[method-assign,assignment,return-value]
         queryset = entry.queryset._chain()  # type: ignore[attr-defined]
         queryset.query.get_compiler = lambda *args, **kwargs: compiler
         return list(queryset)
@@ -174,7 +178,9 @@ class Compiled(Generic[T]):
                 except EmptyResultSet:
                     entry = _Entry(queryset, None, "", ())
                 else:
-                    entry = _Entry(queryset, compiler, sql, tuple(params))
+                    columns = [column[0] for column in compiler.select[0 : compiler.col_count]]
+                    converters = compiler.get_converters(columns)
+                    entry = _Entry(queryset, compiler, sql, tuple(params), converters)
                 self._entries[shape] = entry
                 while len(self._entries) > self.MAX_SHAPES:
                     self._entries.popitem(last=False)
