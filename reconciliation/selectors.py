@@ -9,8 +9,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, QuerySet
 
+from approvals.compiled import Compiled, Param, ParamList, prefetched
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -328,57 +329,33 @@ def timeline_get(
     """Everything recorded about one occurrence, in a fixed number of queries: its audit
     events one window at a time (the newest unless ``cursor`` names another, as on the
     review page), every other record whole."""
-    occurrence = (
-        Occurrence.objects.filter(pk=occurrence_id, tenant_id__in=tenant_ids)
-        .select_related("tool", "tenant", "runtime_key")
-        .prefetch_related(
-            Prefetch("proposals", queryset=Proposal.objects.order_by("version")),
-            Prefetch(
-                "approvals",
-                queryset=Approval.objects.select_related("approver").order_by("issued_at"),
-            ),
-            Prefetch("epochs", queryset=Epoch.objects.order_by("number")),
-        )
-        .first()
-    )
-    if occurrence is None:
+    found = _TIMELINE.run(pk=occurrence_id, tenant_ids=tenant_ids) if tenant_ids else []
+    if not found:
         return None
-    commands = list(Command.objects.filter(occurrence=occurrence).order_by("created_at"))
+    [occurrence] = found
+    prefetched(occurrence, "proposals", _TIMELINE_PROPOSALS.run(occurrence=occurrence.pk))
+    prefetched(occurrence, "approvals", _TIMELINE_APPROVALS.run(occurrence=occurrence.pk))
+    prefetched(occurrence, "epochs", _TIMELINE_EPOCHS.run(occurrence=occurrence.pk))
+    commands = _TIMELINE_COMMANDS.run(occurrence=occurrence.pk)
     command_ids = [c.pk for c in commands]
-    invocations = list(
-        AdapterInvocation.objects.filter(command_id__in=command_ids)
-        .select_related("epoch")
-        .order_by("command_id", "number")
-    )
-    interruptions = list(
-        Interruption.objects.filter(command_id__in=command_ids).order_by("created_at")
-    )
-    decisions = list(
-        OperatorDecision.objects.filter(command_id__in=command_ids).order_by("created_at")
-    )
-    admissions = {
-        a.epoch_id: a
-        for a in EpochAdmission.objects.filter(command_id__in=command_ids).select_related(
-            "interruption", "decision"
-        )
-    }
+    invocations = _TIMELINE_INVOCATIONS.run(command_ids=command_ids)
+    interruptions = _TIMELINE_INTERRUPTIONS.run(command_ids=command_ids)
+    decisions = _TIMELINE_DECISIONS.run(command_ids=command_ids)
+    admissions = {a.epoch_id: a for a in _TIMELINE_ADMISSIONS.run(command_ids=command_ids)}
     epochs = list(occurrence.epochs.all())
     for epoch in epochs:
         epoch.admission_record = admissions.get(epoch.pk)  # type: ignore[attr-defined]
-    events_qs = AuditEvent.objects.filter(occurrence=occurrence)
-    total = events_qs.count()
+    total = sum(_TIMELINE_EVENTS.run(occurrence=occurrence.pk))
     window = occurrence_history(occurrence, cursor or HistoryCursor(), total=total)
     entries = [TimelineEntry(e.source_time, e.kind, e, None) for e in window.events]
     entries += [
         TimelineEntry(i.started_at, "invocation", None, i)
-        for i in _invocations_in_window(invocations, window, events_qs)
+        for i in _invocations_in_window(invocations, window)
     ]
     entries.sort(key=lambda entry: (entry.at, entry.event.pk if entry.event else 0))
     adapter = occurrence.tool.adapter
     refreshed = (
-        AdapterCredential.objects.filter(tenant_id=occurrence.tenant_id, adapter=adapter)
-        .values_list("updated_at", flat=True)
-        .first()
+        next(iter(_CREDENTIAL_REFRESHED.run(tenant=occurrence.tenant_id, adapter=adapter)), None)
         if adapter
         else None
     )
@@ -398,9 +375,7 @@ def timeline_get(
 
 
 def _invocations_in_window(
-    invocations: list[AdapterInvocation],
-    window: HistoryWindow,
-    events: QuerySet[AuditEvent],
+    invocations: list[AdapterInvocation], window: HistoryWindow
 ) -> list[AdapterInvocation]:
     """The invocations that started within the window's span: from its first event's time
     (the oldest window: from the beginning) up to, not including, the time of the first
@@ -411,10 +386,14 @@ def _invocations_in_window(
         return invocations if window.total == 0 else []
     start = window.events[0].source_time if window.earlier else None
     end = (
-        events.filter(id__gt=window.events[-1].pk)
-        .order_by("id")
-        .values_list("source_time", flat=True)
-        .first()
+        next(
+            iter(
+                _NEXT_EVENT_TIME.run(
+                    occurrence=window.events[-1].occurrence_id, id=window.events[-1].pk
+                )
+            ),
+            None,
+        )
         if window.later
         else None
     )
@@ -423,3 +402,91 @@ def _invocations_in_window(
         for i in invocations
         if (start is None or i.started_at >= start) and (end is None or i.started_at < end)
     ]
+
+
+# --- the timeline's reads, compiled once per process (approvals.compiled) -----------------
+
+_OCCURRENCE = Occurrence._meta.pk
+_COMMAND = Command._meta.pk
+
+
+def _of_commands(size: int) -> ParamList | list[Any]:
+    """The commands' ids, or an empty list (which matches nothing, with no query)."""
+    return ParamList("command_ids", size, _COMMAND) if size else []
+
+
+_TIMELINE = Compiled[Occurrence](
+    lambda tenant_ids: Occurrence.objects.filter(
+        pk=Param("pk", _OCCURRENCE),
+        tenant_id__in=ParamList("tenant_ids", tenant_ids, Tenant._meta.pk),
+    ).select_related("tool", "tenant", "runtime_key")[:1]
+)
+_TIMELINE_PROPOSALS = Compiled[Proposal](
+    lambda: Proposal.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE)).order_by(
+        "version"
+    )
+)
+_TIMELINE_APPROVALS = Compiled[Approval](
+    lambda: (
+        Approval.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE))
+        .select_related("approver")
+        .order_by("issued_at")
+    )
+)
+_TIMELINE_EPOCHS = Compiled[Epoch](
+    lambda: Epoch.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE)).order_by("number")
+)
+_TIMELINE_COMMANDS = Compiled[Command](
+    lambda: Command.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE)).order_by(
+        "created_at"
+    )
+)
+_TIMELINE_INVOCATIONS = Compiled[AdapterInvocation](
+    lambda command_ids: (
+        AdapterInvocation.objects.filter(command_id__in=_of_commands(command_ids))
+        .select_related("epoch")
+        .order_by("command_id", "number")
+    )
+)
+_TIMELINE_INTERRUPTIONS = Compiled[Interruption](
+    lambda command_ids: Interruption.objects.filter(
+        command_id__in=_of_commands(command_ids)
+    ).order_by("created_at")
+)
+_TIMELINE_DECISIONS = Compiled[OperatorDecision](
+    lambda command_ids: OperatorDecision.objects.filter(
+        command_id__in=_of_commands(command_ids)
+    ).order_by("created_at")
+)
+_TIMELINE_ADMISSIONS = Compiled[EpochAdmission](
+    lambda command_ids: EpochAdmission.objects.filter(
+        command_id__in=_of_commands(command_ids)
+    ).select_related("interruption", "decision")
+)
+# How many audit events the occurrence has: a row with the count (none when it has none).
+_TIMELINE_EVENTS = Compiled[int](
+    lambda: (
+        AuditEvent.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE))
+        .order_by()
+        .values("occurrence_id")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
+)
+# When the event after a window's last happened (its time bounds the window's invocations).
+_NEXT_EVENT_TIME = Compiled[datetime](
+    lambda: (
+        AuditEvent.objects.filter(
+            occurrence_id=Param("occurrence", _OCCURRENCE),
+            id__gt=Param("id", AuditEvent._meta.pk),
+        )
+        .order_by("id")
+        .values_list("source_time", flat=True)[:1]
+    )
+)
+_CREDENTIAL_REFRESHED = Compiled[datetime](
+    lambda: AdapterCredential.objects.filter(
+        tenant_id=Param("tenant", Tenant._meta.pk),
+        adapter=Param("adapter", AdapterCredential._meta.get_field("adapter")),
+    ).values_list("updated_at", flat=True)[:1]
+)
