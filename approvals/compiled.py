@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import BigIntegerField, Field, QuerySet
+from django.db.models import BigIntegerField, Field, IntegerField, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -42,7 +42,7 @@ class _Slot:
     name: str
     field: Field[Any, Any]
     index: int | None = None
-    ids: bool = False  # a whole list of integers, in one parameter (ParamIds)
+    array: bool = False  # a whole list, in one parameter (ParamArray)
 
 
 class Param(Expression):
@@ -70,20 +70,21 @@ class ParamList(Expression):
         return ", ".join(["%s"] * self.size), list(slots)
 
 
-class ParamIds(Expression):
-    """A list of integer ids, of any length, for ``__in``, given when the compiled read
-    runs: one parameter, ``IN (SELECT unnest(%s::bigint[]))`` on PostgreSQL and a JSON list
-    elsewhere (SQLite), so that a list of hundreds of ids costs neither a statement per
-    length nor a parameter per id."""
+class ParamArray(Expression):
+    """A list of values of ``field`` (integer ids by default), of any length, for
+    ``__in``, given when the compiled read runs: one parameter, ``IN (SELECT
+    unnest(%s::<type>[]))`` on PostgreSQL and a JSON list elsewhere (SQLite), so that a
+    list of hundreds of ids costs neither a statement per length nor a parameter per id."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(output_field=BigIntegerField())
+    def __init__(self, name: str, field: Field[Any, Any] | None = None) -> None:
+        super().__init__(output_field=field or BigIntegerField())
         self.name = name
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        slot = _Slot(self.name, self.output_field, array=True)
         if connection.vendor == "postgresql":
-            return "SELECT unnest(%s::bigint[])", [_Slot(self.name, self.output_field, ids=True)]
-        return "SELECT value FROM json_each(%s)", [_Slot(self.name, self.output_field, ids=True)]
+            return f"SELECT unnest(%s::{self.output_field.db_type(connection)}[])", [slot]
+        return "SELECT value FROM json_each(%s)", [slot]
 
 
 @dataclass(frozen=True)
@@ -97,22 +98,48 @@ class _Entry:
     converters: dict[int, Any] | None = None
 
     def bind(self, values: dict[str, Any], connection: Any) -> tuple[Any, ...]:
-        bound = []
-        for param in self.params:
-            if isinstance(param, _Slot):
-                value = values[param.name]
-                if param.ids:
-                    ids = [int(i) for i in value]
-                    param = ids if connection.vendor == "postgresql" else json.dumps(ids)
+        return _bind(self.params, values, connection)
+
+
+def _bind(params: Iterable[Any], values: dict[str, Any], connection: Any) -> tuple[Any, ...]:
+    """``params`` with each ``Param``'s value, prepared as its field prepares it."""
+    bound = []
+    for param in params:
+        if isinstance(param, _Slot):
+            value = values[param.name]
+            if param.array:
+                if isinstance(param.field, IntegerField):  # ids: no more than int()
+                    items = [int(item) for item in value]
                 else:
-                    if param.index is not None:
-                        value = value[param.index]
-                    param = param.field.get_db_prep_value(value, connection, prepared=False)
-            bound.append(param)
-        return tuple(bound)
+                    items = [
+                        param.field.get_db_prep_value(item, connection, prepared=False)
+                        for item in value
+                    ]
+                param = items if connection.vendor == "postgresql" else json.dumps(items)
+            else:
+                if param.index is not None:
+                    value = value[param.index]
+                param = param.field.get_db_prep_value(value, connection, prepared=False)
+        bound.append(param)
+    return tuple(bound)
 
 
 Shape = tuple[tuple[str, Any], ...]
+
+
+def _sized(build: Callable[..., Any]) -> list[str]:
+    """What ``build`` takes (without a default): the lists whose lengths make the
+    statement, and the ``fixed`` values."""
+    return [
+        name
+        for name, parameter in inspect.signature(build).parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        and parameter.default is parameter.empty
+    ]
+
+
+def _shape(sized: list[str], fixed: dict[str, Any], values: dict[str, Any]) -> Shape:
+    return tuple((name, fixed[name] if name in fixed else len(values[name])) for name in sized)
 
 
 class Compiled(Generic[T]):
@@ -134,23 +161,14 @@ class Compiled(Generic[T]):
     def __init__(self, build: Callable[..., QuerySet[Any]], *, using: str = "default") -> None:
         self._build = build
         self._using = using
-        # The lists whose lengths make the statement: what ``build`` takes.
-        self._sized = [
-            name
-            for name, parameter in inspect.signature(build).parameters.items()
-            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-            and parameter.default is parameter.empty
-        ]
+        self._sized = _sized(build)
         self._entries: OrderedDict[Shape, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def run(self, fixed: dict[str, Any] | None = None, **values: Any) -> list[T]:
         """The rows for ``values``. ``fixed`` goes to ``build`` as it is and makes a
         statement of its own (a limit, say: what a parameter cannot be)."""
-        fixed = fixed or {}
-        shape = tuple(
-            (name, fixed[name] if name in fixed else len(values[name])) for name in self._sized
-        )
+        shape = _shape(self._sized, fixed or {}, values)
         entry = self._entries.get(shape)
         if entry is None:
             entry = self._compile(shape)
@@ -206,3 +224,29 @@ def prefetched(instance: Any, name: str, rows: list[Any]) -> None:
     if not hasattr(instance, "_prefetched_objects_cache"):
         instance._prefetched_objects_cache = {}
     instance._prefetched_objects_cache[field.remote_field.cache_name] = queryset
+
+
+class CompiledStatement:
+    """A statement put together from querysets' SQL (``build`` returns the SQL and its
+    parameters, ``Param``s among them: see ``reconciliation.selectors.queue_counts``), put
+    together once per shape as ``Compiled`` does, and run on a cursor."""
+
+    def __init__(
+        self, build: Callable[..., tuple[str, Iterable[Any]]], *, using: str = "default"
+    ) -> None:
+        self._build = build
+        self._using = using
+        self._sized = _sized(build)
+        self._statements: dict[Shape, tuple[str, tuple[Any, ...]]] = {}
+
+    def rows(self, fixed: dict[str, Any] | None = None, **values: Any) -> list[tuple[Any, ...]]:
+        shape = _shape(self._sized, fixed or {}, values)
+        statement = self._statements.get(shape)
+        if statement is None:
+            sql, params = self._build(**dict(shape))
+            statement = self._statements[shape] = (sql, tuple(params))
+        connection = connections[self._using]
+        sql, params = statement
+        with connection.cursor() as cursor:
+            cursor.execute(sql, _bind(params, values, connection))
+            return list(cursor.fetchall())

@@ -47,7 +47,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
-from approvals.compiled import Compiled, Param, ParamIds, ParamList
+from approvals.compiled import Compiled, Param, ParamArray, ParamList
 from approvals.links import occurrence_path
 from approvals.models import (
     DECISIVE_EVENTS,
@@ -1309,7 +1309,7 @@ _COUNT = {
 _DELIVERIES = Compiled[AuditDuplicateDelivery](
     lambda tenant_ids: (
         AuditDuplicateDelivery.objects.filter(
-            tenant_id__in=_tenants(tenant_ids), original_id__in=ParamIds("read")
+            tenant_id__in=_tenants(tenant_ids), original_id__in=ParamArray("read")
         )
         .select_related("ingestion")
         .order_by("id")

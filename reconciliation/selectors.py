@@ -8,10 +8,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, DateTimeField, Prefetch, QuerySet
 
-from approvals.compiled import Compiled, Param, ParamList, prefetched
+from approvals.compiled import (
+    Compiled,
+    CompiledStatement,
+    Param,
+    ParamArray,
+    ParamList,
+    prefetched,
+)
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -20,6 +26,7 @@ from approvals.models import (
     Occurrence,
     Proposal,
     Tenant,
+    ToolContract,
 )
 from approvals.selectors import HistoryCursor, HistoryWindow, occurrence_history
 from reconciliation.models import (
@@ -170,6 +177,14 @@ def _queue_querysets(
 ) -> dict[str, tuple[QuerySet[Any], str]]:
     """Per reason: the rows, and the field that says since when they need a person."""
     stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
+    return _reason_querysets(tenant_ids, now, stuck, tool_id)
+
+
+def _reason_querysets(
+    tenant_ids: Any, now: Any, stuck: Any, tool_id: Any
+) -> dict[str, tuple[QuerySet[Any], str]]:
+    """``_queue_querysets`` with its values given, or with ``Param``s for them (the
+    compiled reads below)."""
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
     # Never claimed: a claim consumes the approval and creates its command in one
     # transaction, so an issued or expired approval has none, and the query need not
@@ -210,24 +225,88 @@ def _queue_querysets(
     }
 
 
+def _queue_params(tenant_ids: int, by_tool: bool) -> dict[str, tuple[QuerySet[Any], str]]:
+    """The queue's querysets with ``Param``s: ``tenant_ids``, ``now``, ``stuck`` (when a
+    command counts as stuck) and, ``by_tool``, ``tool``."""
+    return _reason_querysets(
+        ParamList("tenant_ids", tenant_ids, Tenant._meta.pk),
+        Param("now", _MOMENT),
+        Param("stuck", _MOMENT),
+        Param("tool", ToolContract._meta.pk) if by_tool else None,
+    )
+
+
+def _queue_values(tenant_ids: list[int], now: datetime, tool_id: int | None) -> dict[str, Any]:
+    stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
+    return {"tenant_ids": tenant_ids, "now": now, "stuck": stuck, "tool": tool_id}
+
+
+def _counts_statement(tenant_ids: int, by_tool: bool) -> tuple[str, list[Any]]:
+    columns: list[str] = []
+    params: list[Any] = []
+    querysets = _queue_params(tenant_ids, by_tool)
+    for reason in _REASONS:
+        queryset, _ = querysets[reason]
+        sql, reason_params = queryset.order_by().values("pk").query.sql_with_params()
+        # ``reason`` is one of Reason's constants, never input.
+        columns.append(f"(SELECT COUNT(*) FROM ({sql}) AS {reason}_items) AS {reason}")  # noqa: S608
+        params.extend(reason_params)
+    return f"SELECT {', '.join(columns)}", params
+
+
+_QUEUE_COUNTS = CompiledStatement(_counts_statement)
+
+
 def queue_counts(
     *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
 ) -> dict[str, int]:
     """How many items of each reason, in one statement: each reason's count is a scalar
     subquery of its own, planned on its own index as a separate ``count()`` would be, but
     the page pays one round trip and one statement's overhead instead of five."""
-    querysets = _queue_querysets(tenant_ids, now, tool_id)
-    columns: list[str] = []
-    params: list[Any] = []
-    for reason, (queryset, _) in querysets.items():
-        sql, reason_params = queryset.order_by().values("pk").query.sql_with_params()
-        # ``reason`` is one of Reason's constants, never input.
-        columns.append(f"(SELECT COUNT(*) FROM ({sql}) AS {reason}_items) AS {reason}")  # noqa: S608
-        params.extend(reason_params)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {', '.join(columns)}", params)
-        row = cursor.fetchone()
-    return {reason: int(n) for reason, n in zip(querysets, row, strict=True)}
+    [row] = _QUEUE_COUNTS.rows(
+        {"by_tool": tool_id is not None}, **_queue_values(tenant_ids, now, tool_id)
+    )
+    return {reason: int(n) for reason, n in zip(_REASONS, row, strict=True)}
+
+
+def _items_of(name: str, tenant_ids: int, by_tool: bool, limit: int) -> QuerySet[Any]:
+    queryset, since_field = _queue_params(tenant_ids, by_tool)[name]
+    if name == Reason.INTERRUPTED:
+        queryset = queryset.select_related(
+            "command__occurrence__tool", "command__occurrence__tenant"
+        ).defer(*(f"command__occurrence__tool__{f}" for f in _TOOL_UNSHOWN))
+    else:
+        queryset = queryset.select_related("occurrence__tool", "occurrence__tenant").defer(
+            *(f"occurrence__tool__{f}" for f in _TOOL_UNSHOWN)
+        )
+    return queryset.order_by(since_field)[:limit]
+
+
+_MOMENT: DateTimeField[Any, Any] = DateTimeField()
+# A queue row shows a tool's name, never its schema or description.
+_TOOL_UNSHOWN = ("json_schema", "description")
+# The order of the counts' columns and of the items' reads.
+_REASONS = (
+    Reason.OUTCOME_UNKNOWN,
+    Reason.INTERRUPTED,
+    Reason.STUCK_SENDING,
+    Reason.STUCK_PENDING,
+    Reason.EXPIRED_UNCLAIMED,
+)
+_QUEUE_ITEMS = {
+    (name, by_tool): Compiled[Any](
+        lambda tenant_ids, limit, name=name, by_tool=by_tool: _items_of(
+            name, tenant_ids, by_tool, limit
+        )
+    )
+    for name in _REASONS
+    for by_tool in (False, True)
+}
+_CURRENT_PROPOSALS = Compiled[Proposal](
+    lambda: Proposal.objects.filter(
+        occurrence_id__in=ParamArray("occurrences", Occurrence._meta.pk), is_current=True
+    )
+)
 
 
 def queue_items(
@@ -240,30 +319,18 @@ def queue_items(
     counts: dict[str, int] | None = None,
 ) -> list[QueueItem]:
     """What needs a person, oldest first: one query per reason, with the occurrence, its
-    tool, tenant and current proposal (for the amount read for people). Given the
-    ``queue_counts`` just read, a reason with nothing in it is not asked again."""
+    tool and tenant, then the current proposals of them all (for the amount read for
+    people). Given the ``queue_counts`` just read, a reason with nothing in it is not asked
+    again."""
     limit = QUEUE_LIMIT if limit is None else limit
+    values = _queue_values(tenant_ids, now, tool_id)
+    by_tool = tool_id is not None
     items: list[QueueItem] = []
-    current = Prefetch(
-        "occurrence__proposals",
-        queryset=Proposal.objects.filter(is_current=True),
-        to_attr="current_proposals",
-    )
-    for name, (queryset, since_field) in _queue_querysets(tenant_ids, now, tool_id).items():
+    for name in _REASONS:
         if (reason and name != reason) or (counts is not None and not counts.get(name)):
             continue
+        rows = _QUEUE_ITEMS[name, by_tool].run({"limit": limit}, **values)
         if name == Reason.INTERRUPTED:
-            rows = (
-                queryset.select_related("command__occurrence__tool", "command__occurrence__tenant")
-                .prefetch_related(
-                    Prefetch(
-                        "command__occurrence__proposals",
-                        queryset=Proposal.objects.filter(is_current=True),
-                        to_attr="current_proposals",
-                    )
-                )
-                .order_by(since_field)[:limit]
-            )
             items += [
                 QueueItem(
                     f"{name}:{row.pk}", name, row.created_at, row.command.occurrence, row.command
@@ -271,11 +338,7 @@ def queue_items(
                 for row in rows
             ]
             continue
-        rows = (
-            queryset.select_related("occurrence__tool", "occurrence__tenant")
-            .prefetch_related(current)
-            .order_by(since_field)[:limit]
-        )
+        since_field = "expires_at" if name == Reason.EXPIRED_UNCLAIMED else "updated_at"
         for row in rows:
             command = row if isinstance(row, Command) else None
             items.append(
@@ -284,7 +347,14 @@ def queue_items(
                 )
             )
     items.sort(key=lambda item: item.since)
-    return items[:limit]
+    items = items[:limit]
+    current: dict[Any, list[Proposal]] = {item.occurrence.pk: [] for item in items}
+    if current:
+        for proposal in _CURRENT_PROPOSALS.run(occurrences=list(current)):
+            current[proposal.occurrence_id].append(proposal)
+    for item in items:
+        item.occurrence.current_proposals = current[item.occurrence.pk]  # type: ignore[attr-defined]
+    return items
 
 
 def queue_item_arguments(item: QueueItem) -> dict[str, Any]:

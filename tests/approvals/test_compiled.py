@@ -14,7 +14,7 @@ from django.db.models import BigIntegerField, CharField
 from django.test.utils import CaptureQueriesContext
 
 from approvals import selectors
-from approvals.compiled import Compiled, Param, ParamIds, ParamList
+from approvals.compiled import Compiled, Param, ParamArray, ParamList
 from approvals.models import Membership, Occurrence, Tenant
 from tests.conftest import Runtime, approve, make_runtime, make_user
 
@@ -109,7 +109,7 @@ def test_a_list_of_ids_is_one_parameter_whatever_its_length(
 ) -> None:
     slugs = Compiled[str](
         lambda: (
-            Tenant.objects.filter(pk__in=ParamIds("ids"))
+            Tenant.objects.filter(pk__in=ParamArray("ids"))
             .order_by("slug")
             .values_list("slug", flat=True)
         )
