@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
-from django.db.models import BigIntegerField, Field, IntegerField, QuerySet
+from django.db.models import BigIntegerField, CharField, Field, IntegerField, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -68,6 +68,30 @@ class ParamList(Expression):
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
         slots = [_Slot(self.name, self.output_field, i) for i in range(self.size)]
         return ", ".join(["%s"] * self.size), list(slots)
+
+
+class Literal(Expression):
+    """A constant written into the statement's text, not sent as a parameter.
+
+    A partial index serves a prepared statement's generic plan only if the statement's
+    own text implies the index's condition: ``state IN ($1, $2)`` does not imply
+    ``state IN ('issued', 'expired')``, so PostgreSQL planned such a statement anew on
+    every run (``pg_prepared_statements.custom_plans``). For the console's own constants
+    (states, kinds), never for input."""
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str) or "%" in value:
+            raise ValueError("a literal is one of the console's own words, without %")
+        super().__init__(output_field=CharField())
+        self.value = value
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        return "'" + self.value.replace("'", "''") + "'", []
+
+
+def literals(values: Iterable[str]) -> list[Literal]:
+    """``values`` as ``Literal``s, for ``__in``."""
+    return [Literal(value) for value in values]
 
 
 class ParamArray(Expression):

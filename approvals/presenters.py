@@ -306,7 +306,7 @@ def argument_summary(arguments: dict[str, Any], limit: int = 110) -> SafeString:
 def age(then: datetime, now: datetime) -> str:
     if (now - then).total_seconds() < 60:
         return "just now"
-    return timesince(then, now).split(",")[0] + " ago"
+    return timesince(then, now, depth=1) + " ago"
 
 
 def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
@@ -882,7 +882,7 @@ def expiry(fresh: Freshness, now: datetime) -> tuple[str | None, str]:
     state = effective_approval_state(fresh.approval_state, fresh.approval_expires_at, now)
     if state != Approval.State.ISSUED:
         return state, ""
-    return state, timesince(now, fresh.approval_expires_at).split(",")[0]
+    return state, timesince(now, fresh.approval_expires_at, depth=1)
 
 
 def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: datetime) -> str:
@@ -982,7 +982,7 @@ def decision_panel(
     ]
     expires_in = ""
     if approval is not None and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}:
-        expires_in = timesince(now, approval.expires_at).split(",")[0]
+        expires_in = timesince(now, approval.expires_at, depth=1)
     editable = (
         viewer.is_reviewer
         and occurrence.status in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}

@@ -32,7 +32,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals import vocabulary
-from approvals.compiled import Compiled, Param, ParamList, prefetched
+from approvals.compiled import Compiled, Param, ParamList, literals, prefetched
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     Approval,
@@ -1408,7 +1408,8 @@ _EFFECT_EVENTS = Compiled[AuditEvent](
     lambda: AuditEvent.objects.filter(
         occurrence_id=Param("occurrence", Occurrence._meta.pk),
         command_id=Param("command", AuditEvent._meta.get_field("command_id")),
-        kind__in=vocabulary.EFFECT_KINDS,
+        # audit_command_effects' condition, in the statement's text (compiled.Literal).
+        kind__in=literals(vocabulary.EFFECT_KINDS),
     ).order_by("-id")[:EFFECT_EVENTS]
 )
 

@@ -47,10 +47,9 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
-from approvals.compiled import Compiled, Param, ParamArray, ParamList
+from approvals.compiled import Compiled, Literal, Param, ParamArray, ParamList
 from approvals.links import occurrence_path
 from approvals.models import (
-    DECISIVE_EVENTS,
     Approval,
     AuditDuplicateDelivery,
     AuditEvent,
@@ -1094,9 +1093,27 @@ def _in(lookup: str, name: str, size: int, field: Any) -> Q:
     return Q(**{f"{lookup}__in": ParamList(name, size, field)})
 
 
+# The fingerprint's and the execution's indexes hold only events that have one; the
+# conditions that say so are written into the statements (compiled.Literal), so that
+# PostgreSQL can use those indexes in a prepared statement's generic plan. (Never an empty
+# value is looked up: ``q`` is not empty, nor is any fingerprint gathered.)
+_HAS_FINGERPRINT = ~Q(token_fingerprint=Literal(""))
+_HAS_EXECUTION = ~Q(execution_id=Literal(""))
+# DECISIVE_EVENTS, the audit_decisive_* indexes' condition, in the statements' text.
+_DECISIVE_EVENTS = Q(decision=Literal(ClaimDecision.APPROVED)) | Q(
+    kind=Literal(AuditKind.EFFECT_COMMITTED)
+)
+
+
+def _fingerprint_is(value: Any) -> Q:
+    return Q(token_fingerprint=value) & _HAS_FINGERPRINT
+
+
 def _named(by_id: bool) -> Q:
     """What the id names (``named`` in ``_investigation_get``), as parameters."""
-    named = Q(token_fingerprint=Param("q", _TEXT)) | Q(execution_id=Param("q", _TEXT))
+    named = _fingerprint_is(Param("q", _TEXT)) | (
+        Q(execution_id=Param("q", _TEXT)) & _HAS_EXECUTION
+    )
     if by_id:
         named |= Q(occurrence_id=Param("pk", _UUID)) | Q(
             command_id=Param("pk", _UUID), ingestion__isnull=False
@@ -1111,8 +1128,8 @@ def _chain_arms(
     events in id order (one value of an indexed column: the fingerprint's, execution's and
     occurrence's indexes end with the id)."""
     arms = [
-        (Q(token_fingerprint=Param("q", _TEXT)), True),
-        (Q(execution_id=Param("q", _TEXT)), True),
+        (_fingerprint_is(Param("q", _TEXT)), True),
+        (Q(execution_id=Param("q", _TEXT)) & _HAS_EXECUTION, True),
     ]
     if by_id:
         arms += [
@@ -1125,7 +1142,10 @@ def _chain_arms(
         )
     if fingerprints:
         arms.append(
-            (_in("token_fingerprint", "fingerprints", fingerprints, _TEXT), fingerprints == 1)
+            (
+                _in("token_fingerprint", "fingerprints", fingerprints, _TEXT) & _HAS_FINGERPRINT,
+                fingerprints == 1,
+            )
         )
     if command_ids:
         arms.append(
@@ -1285,7 +1305,7 @@ _DECISIVE = {
     by_id: Compiled[tuple[Any, ...]](
         lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
             _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
-            .filter(DECISIVE_EVENTS)
+            .filter(_DECISIVE_EVENTS)
             .order_by(_OLDEST_FIRST)[:limit]
         )
     )

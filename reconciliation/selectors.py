@@ -16,6 +16,7 @@ from approvals.compiled import (
     Param,
     ParamArray,
     ParamList,
+    literals,
     prefetched,
 )
 from approvals.models import (
@@ -192,7 +193,8 @@ def _reason_querysets(
     # approval_unclaimed_expiry index, oldest first.
     approvals = Approval.objects.filter(
         tenant_id__in=tenant_ids,
-        state__in=[Approval.State.ISSUED, Approval.State.EXPIRED],
+        # approval_unclaimed_expiry's condition, in the statement's text (compiled.Literal).
+        state__in=literals([Approval.State.ISSUED, Approval.State.EXPIRED]),
         expires_at__lte=now,
         superseded_at__isnull=True,
     )
