@@ -32,7 +32,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals import vocabulary
-from approvals.compiled import Compiled, Param, ParamList, literals, prefetched
+from approvals.compiled import Compiled, Param, ParamArray, ParamList, literals, prefetched
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     Approval,
@@ -685,16 +685,23 @@ def console_memberships(user: Any) -> list[Membership]:
     return _MEMBERSHIPS.run(user=user.pk)
 
 
+_TOOL_IDS = Compiled[tuple[str, int]](
+    lambda: ToolContract.objects.order_by("name").values_list("name", "id")
+)
+_INBOX_TOOLS = Compiled[ToolContract](
+    lambda: ToolContract.objects.defer("json_schema", "description").order_by("name")
+)
+
+
 def tool_ids() -> dict[str, int]:
     """Tool contract ids by name, in name order: the inbox's tool filter."""
-    return dict(ToolContract.objects.order_by("name").values_list("name", "id"))
+    return dict(_TOOL_IDS.run())
 
 
 def inbox_tools() -> dict[int, ToolContract]:
     """Every tool contract by id, in name order, without the schema and description an
     inbox row never shows: the inbox's tool filter, and the tool of each of its rows."""
-    contracts = ToolContract.objects.defer("json_schema", "description").order_by("name")
-    return {contract.pk: contract for contract in contracts}
+    return {contract.pk: contract for contract in _INBOX_TOOLS.run()}
 
 
 def tool_contracts() -> list[ToolContract]:
@@ -755,42 +762,139 @@ class InboxFreshness:
     last_event_id: int | None
 
 
-def inbox_total(occurrences: QuerySet[Occurrence]) -> tuple[int, datetime | None]:
+@dataclass(frozen=True)
+class InboxQuery:
+    """Which occurrences an inbox lists: its tenants, and the tool and status it filters
+    by (none: all)."""
+
+    tenant_ids: list[int]
+    tool_id: int | None = None
+    status: str = ""
+
+    def occurrences(self) -> QuerySet[Occurrence]:
+        """As a queryset (``inbox_occurrences``), for what pages through it."""
+        return inbox_occurrences(
+            tenant_ids=self.tenant_ids, tool_id=self.tool_id, status=self.status
+        )
+
+    def values(self) -> dict[str, Any]:
+        """The compiled reads' values."""
+        return {"tenant_ids": self.tenant_ids, "tool": self.tool_id, "status": self.status}
+
+    def shape(self, **fixed: Any) -> dict[str, Any]:
+        return {"by_tool": self.tool_id is not None, "by_status": bool(self.status), **fixed}
+
+
+def _inbox_filtered(tenant_ids: int, by_tool: bool, by_status: bool) -> QuerySet[Occurrence]:
+    """``inbox_occurrences`` with ``Param``s: the compiled reads below."""
+    # No tenant: nothing to list, and no query (as Django answers ``__in=[]``).
+    queryset = Occurrence.objects.filter(
+        tenant_id__in=ParamList("tenant_ids", tenant_ids, _TENANT_PK) if tenant_ids else []
+    )
+    if by_tool:
+        queryset = queryset.filter(tool_id=Param("tool", ToolContract._meta.pk))
+    if by_status:
+        queryset = queryset.filter(status=Param("status", Occurrence._meta.get_field("status")))
+    return queryset.order_by("-created_at", "-pk")
+
+
+def _page_ids(
+    tenant_ids: int, by_tool: bool, by_status: bool, offset: int, limit: int
+) -> QuerySet[Occurrence, Any]:
+    """The ids of one page, from the (tenant, status, created_at, id) index alone."""
+    return _inbox_filtered(tenant_ids, by_tool, by_status).values("pk")[offset : offset + limit]
+
+
+# One row of aggregates over everything matched: grouped by a constant, which groups
+# nothing (Django leaves a constant out of GROUP BY).
+def _summary(queryset: QuerySet[Any], **aggregates: Any) -> QuerySet[Any]:
+    return (
+        queryset.order_by()
+        .annotate(everything=Value(1))
+        .values("everything")
+        .annotate(**aggregates)
+        .values_list(*aggregates)
+    )
+
+
+_INBOX_TOTAL = Compiled[tuple[int, datetime | None]](
+    lambda tenant_ids, by_tool, by_status: _summary(
+        _inbox_filtered(tenant_ids, by_tool, by_status),
+        total=Count("pk"),
+        last_change=Max("updated_at"),
+    )
+)
+_INBOX_LAST_EVENT = Compiled[tuple[int | None]](
+    lambda tenant_ids, by_tool, by_status, offset, limit: _summary(
+        AuditEvent.objects.filter(
+            occurrence_id__in=_page_ids(tenant_ids, by_tool, by_status, offset, limit)
+        ),
+        last=Max("id"),
+    )
+)
+_INBOX_PAGE = Compiled[Occurrence](
+    lambda tenant_ids, by_tool, by_status, offset, limit: _inbox_filtered(
+        tenant_ids, by_tool, by_status
+    ).filter(pk__in=_page_ids(tenant_ids, by_tool, by_status, offset, limit))
+)
+_PAGE_OCCURRENCES = ParamArray("occurrences", Occurrence._meta.pk)
+_INBOX_PROPOSALS = Compiled[Proposal](
+    lambda: Proposal.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, is_current=True).annotate(
+        votes_count=Count("votes")
+    )
+)
+_INBOX_APPROVALS = Compiled[Approval](
+    lambda: Approval.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, proposal__is_current=True)
+)
+
+
+def inbox_total(query: InboxQuery) -> tuple[int, datetime | None]:
     """How many occurrences the inbox lists, and when the newest change among them was."""
-    summary = occurrences.order_by().aggregate(total=Count("pk"), last_change=Max("updated_at"))
-    return summary["total"], summary["last_change"]
+    for total, last_change in _INBOX_TOTAL.run(query.shape(), **query.values()):
+        return total, last_change
+    return 0, None  # no tenant to list
 
 
-def inbox_last_event(occurrences: QuerySet[Occurrence], *, offset: int, limit: int) -> int | None:
+def inbox_last_event(query: InboxQuery, *, offset: int, limit: int) -> int | None:
     """The newest audit event of the occurrences on one page of the inbox."""
-    page = occurrences.values("pk")[offset : offset + limit]
-    last: int | None = AuditEvent.objects.filter(occurrence_id__in=page).aggregate(last=Max("id"))[
-        "last"
-    ]
-    return last
+    fixed = query.shape(offset=offset, limit=limit)
+    for (last,) in _INBOX_LAST_EVENT.run(fixed, **query.values()):
+        return last
+    return None
 
 
 def inbox_page(
-    occurrences: QuerySet[Occurrence],
+    query: InboxQuery,
     *,
     offset: int,
     limit: int,
     tools: dict[int, ToolContract],
     tenants: Iterable[Tenant],
 ) -> list[Occurrence]:
-    """One page of the inbox's rows. The page's ids are picked first, from the
-    (tenant, status, created_at, id) index alone, and only those rows are read: a deep page
-    skips index entries, not table rows with their joins.
+    """One page of the inbox's rows, with the current proposal (with its number of votes)
+    and its approval of each in ``current_proposals`` and ``current_approvals``. The page's
+    ids are picked first, from the (tenant, status, created_at, id) index alone, and only
+    those rows are read: a deep page skips index entries, not table rows with their joins.
 
     Each row's tool and tenant are the instances the page already has (``inbox_tools``,
     the reader's tenants), shared by its rows rather than built again for each one; a
     tool added since ``tools`` was read is fetched then."""
-    page = list(occurrences.filter(pk__in=occurrences.values("pk")[offset : offset + limit]))
+    page = _INBOX_PAGE.run(query.shape(offset=offset, limit=limit), **query.values())
+    ids = [occurrence.pk for occurrence in page]
+    proposals: dict[Any, list[Proposal]] = {pk: [] for pk in ids}
+    approvals: dict[Any, list[Approval]] = {pk: [] for pk in ids}
+    if ids:
+        for proposal in _INBOX_PROPOSALS.run(occurrences=ids):
+            proposals[proposal.occurrence_id].append(proposal)
+        for approval in _INBOX_APPROVALS.run(occurrences=ids):
+            approvals[approval.occurrence_id].append(approval)
     missing = {o.tool_id for o in page} - tools.keys()
     if missing:
         tools = {**tools, **ToolContract.objects.in_bulk(missing)}
     tenant_of = {tenant.pk: tenant for tenant in tenants}
     for occurrence in page:
+        occurrence.current_proposals = proposals[occurrence.pk]  # type: ignore[attr-defined]
+        occurrence.current_approvals = approvals[occurrence.pk]  # type: ignore[attr-defined]
         occurrence.tool = tools[occurrence.tool_id]
         tenant = tenant_of.get(occurrence.tenant_id)
         if tenant is not None:  # else read when shown: a page filters by the reader's tenants
@@ -874,10 +978,14 @@ def _freshness_queryset() -> QuerySet[Occurrence]:
 
 def freshness_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Freshness | None:
     """An occurrence's freshness in one query, if it belongs to one of ``tenant_ids``."""
-    occurrence = (
-        _freshness_queryset().filter(pk=occurrence_id, tenant_id__in=list(tenant_ids)).first()
-    )
-    return None if occurrence is None else Freshness.of(occurrence)
+    tenant_ids = list(tenant_ids)
+    found = _FRESHNESS.run(pk=occurrence_id, tenant_ids=tenant_ids) if tenant_ids else []
+    return Freshness.of(found[0]) if found else None
+
+
+_FRESHNESS = Compiled[Occurrence](
+    lambda tenant_ids: _one_of_tenants(_freshness_queryset(), tenant_ids)
+)
 
 
 def review_queryset() -> QuerySet[Occurrence]:

@@ -170,14 +170,14 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
-    occurrences = selectors.inbox_occurrences(
+    query = selectors.InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
         status="" if state == STATE_ALL else state,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
-    total, last_change = selectors.inbox_total(occurrences)
-    page = _CountedPaginator(occurrences, INBOX_PAGE_SIZE, count=total).get_page(
+    total, last_change = selectors.inbox_total(query)
+    page = _CountedPaginator(query.occurrences(), INBOX_PAGE_SIZE, count=total).get_page(
         request.GET.get("page")
     )
     number = page.number
@@ -185,7 +185,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     fresh = selectors.InboxFreshness(
         total=total,
         last_change=last_change,
-        last_event_id=selectors.inbox_last_event(occurrences, offset=offset, limit=INBOX_PAGE_SIZE),
+        last_event_id=selectors.inbox_last_event(query, offset=offset, limit=INBOX_PAGE_SIZE),
     )
     rendered = presenters.inbox_stamp(
         fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
@@ -195,7 +195,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
 
     listing = presenters.inbox_list(
         selectors.inbox_page(
-            occurrences,
+            query,
             offset=offset,
             limit=INBOX_PAGE_SIZE,
             tools=contracts,

@@ -408,7 +408,7 @@ def test_an_inbox_pages_rows_share_their_tool_and_tenant(
     runtime: Runtime, tenant: Tenant, django_assert_num_queries: Any
 ) -> None:
     propose_many(runtime, 3)
-    occurrences = selectors.inbox_occurrences(tenant_ids=[tenant.pk])
+    occurrences = selectors.InboxQuery(tenant_ids=[tenant.pk])
     tools = selectors.inbox_tools()
     with django_assert_num_queries(3):  # the ids and rows, the proposals, the approvals
         rows = selectors.inbox_page(occurrences, offset=0, limit=25, tools=tools, tenants=[tenant])
