@@ -30,6 +30,7 @@ from django.db.models import (
     When,
 )
 from django.utils import timezone
+from psycopg import IsolationLevel
 
 from approvals import vocabulary
 from approvals.compiled import Compiled, Param, ParamArray, ParamList, literals, prefetched
@@ -84,11 +85,22 @@ def snapshot() -> Iterator[None]:
     if connection.in_atomic_block:
         yield
         return
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        yield
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            yield
+        return
+    # psycopg begins the transaction with its isolation level and access mode ("BEGIN
+    # ISOLATION LEVEL REPEATABLE READ READ ONLY"): one round trip, not a BEGIN and a SET.
+    connection.ensure_connection()
+    raw = connection.connection
+    level, read_only = raw.isolation_level, raw.read_only
+    raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
+    try:
+        with transaction.atomic():
+            yield
+    finally:
+        if not raw.closed:
+            raw.isolation_level, raw.read_only = level, read_only
 
 
 def occurrence_detail_queryset() -> QuerySet[Occurrence]:

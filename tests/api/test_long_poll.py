@@ -101,6 +101,28 @@ def test_a_decision_committing_mid_read_is_not_half_seen(tenant: Any, reviewer: 
     assert (after["status"], after["approval"]["state"]) == ("approved", "issued")
 
 
+@pytest.mark.django_db(transaction=True)
+@POSTGRES_ONLY
+def test_a_snapshot_is_one_read_only_transaction_and_leaves_the_connection_as_it_was() -> None:
+    """The snapshot begins its transaction REPEATABLE READ READ ONLY (psycopg writes both
+    into its BEGIN); after it, the connection writes again, at Django's isolation level."""
+    from approvals.selectors import snapshot
+
+    def transaction_settings() -> tuple[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('transaction_isolation'), "
+                "current_setting('transaction_read_only')"
+            )
+            isolation, read_only = cursor.fetchone()
+        return isolation, read_only
+
+    before = transaction_settings()
+    with snapshot():
+        assert transaction_settings() == ("repeatable read", "on")
+    assert transaction_settings() == before == ("read committed", "off")
+
+
 # --- WSGI: the view waits in its thread ------------------------------------------------------
 
 
