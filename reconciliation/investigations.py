@@ -909,8 +909,9 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         # Found by the audit_decisive_* indexes, however many refusals surround them.
         decisive = _DECISIVE[by_id].run(fixed={"limit": DECISIVE_LIMIT}, **chain_values)
         total = sum(_COUNT[by_id].run(**chain_values))
+    texts: dict[Any, str] = {}  # the chain's few occurrence and command ids, as text once
     events = sorted(
-        {row[0]: _event_fact_of_row(row) for row in decisive + newest}.values(),
+        {row[0]: _event_fact_of_row(row, texts) for row in decisive + newest}.values(),
         key=lambda e: e.pk,
     )
     deliveries = _DELIVERIES.run(tenant_ids=tenant_ids, read=[e.pk for e in events])
@@ -1032,7 +1033,9 @@ _EVENT_COLUMNS = (
 )
 
 
-def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
+def _event_fact_of_row(row: tuple[Any, ...], texts: dict[Any, str]) -> EventFact:
+    """``texts`` keeps the text of each UUID seen: a chain's events name the same few
+    occurrences and commands hundreds of times."""
     (
         pk,
         event_id,
@@ -1062,8 +1065,12 @@ def _event_fact_of_row(row: tuple[Any, ...]) -> EventFact:
         reason_code,
         execution_id,
         message_id,
-        "" if command_id is None else str(command_id),
-        "" if occurrence_id is None else str(occurrence_id),
+        ""
+        if command_id is None
+        else texts.get(command_id) or texts.setdefault(command_id, str(command_id)),
+        ""
+        if occurrence_id is None
+        else texts.get(occurrence_id) or texts.setdefault(occurrence_id, str(occurrence_id)),
         actor,
         # Only an effect event's receipt names an effect.
         receipt if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX) else "",
