@@ -900,6 +900,43 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
     assert "delivered" not in html and "Acme" not in html
 
 
+def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> None:
+    """chain_rows builds a row's repeated cells once; rows that differ anywhere but their
+    time and producer event id still render their own."""
+    from approvals.presenters import reveal_html
+    from reconciliation.investigations import ChainRow
+    from reconciliation.templatetags.investigation import chain_row, chain_rows
+
+    first = ChainRow(
+        at=datetime(2026, 12, 1, 9, 8, 7, tzinfo=UTC),
+        kind="claim.replayed",
+        outcome="replayed",
+        fingerprint="fp_1",
+        execution=reveal_html("exec-a"),
+        message=reveal_html("msg-1"),
+        command_id="",
+        event_id="evt-1",
+        origin="console",
+        deliveries=1,
+        flag="security",
+        tenant="Acme",
+    )
+    rows = [
+        first,
+        dataclasses.replace(first, at=first.at + timedelta(seconds=1), event_id="evt-2"),
+        dataclasses.replace(first, event_id="evt-3", execution=reveal_html("exec-<b>")),
+        dataclasses.replace(first, event_id="evt-4", deliveries=2, flag="duplicate"),
+        dataclasses.replace(first, event_id="evt-5", tenant="Other"),
+    ]
+    for show_tenant in (True, False):
+        html = chain_rows(rows, show_tenant)
+        assert html == "".join(chain_row(row, show_tenant) for row in rows)
+    html = chain_rows(rows, True)
+    assert 'data-event-id="evt-2"' in html and "09:08:08.000" in html
+    assert html.count("exec-a") == 4 and "exec-&lt;b&gt;" in html
+    assert html.count("delivered \u00d72") == 1 and html.count("<td>Other</td>") == 1
+
+
 # --- a long chain: the newest steps and the decisive ones, the rest summarized -------------
 
 
