@@ -390,6 +390,7 @@ class _Index:
     """The facts looked up the ways the rules need them."""
 
     facts: Facts
+    claims: list[EventFact] = field(default_factory=list)  # the claim events, in order
     commands: dict[str, CommandFact] = field(default_factory=dict)
     invocations: dict[str, list[InvocationFact]] = field(default_factory=lambda: defaultdict(list))
     decisions: dict[str, list[DecisionFact]] = field(default_factory=lambda: defaultdict(list))
@@ -428,6 +429,7 @@ def _index(facts: Facts) -> _Index:
             )
     for decision in facts.decisions:
         index.decisions[decision.command_id].append(decision)
+    index.claims = [e for e in facts.events if e.is_claim]
     for event in facts.events:
         if event.is_approved_claim:
             if not event.fingerprint:
@@ -584,8 +586,8 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
         command = index.commands.get(command_id)
         executions = {
             e.execution_id
-            for e in facts.events
-            if e.is_approved_claim and e.command_id == command_id and e.execution_id
+            for e in index.claims
+            if e.decision == APPROVED and e.command_id == command_id and e.execution_id
         }
         if command is not None:
             executions.add(command.execution_id)
@@ -594,9 +596,8 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
         [execution] = executions
         duplicates = [
             e
-            for e in facts.events
-            if e.is_claim
-            and e.decision == DUPLICATE_DELIVERY
+            for e in index.claims
+            if e.decision == DUPLICATE_DELIVERY
             and (
                 e.command_id == command_id
                 or (
@@ -636,7 +637,7 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
                 f"command sending and called under the contract's justification ({reasons}), "
                 "with the same key."
             )
-        claims = [e for e in facts.events if e.is_claim and e.command_id == command_id]
+        claims = [e for e in index.claims if e.command_id == command_id]
         messages = sorted(
             {i.message_id for i in invocations if i.message_id}
             | {e.message_id for e in claims + redelivered + duplicates if e.message_id}
@@ -661,9 +662,8 @@ def _control_working(index: _Index, excluded_fps: set[FpKey]) -> list[str]:
         [execution] = executions
         refused = [
             e
-            for e in index.facts.events
-            if e.is_claim
-            and (e.tenant_id, e.fingerprint) == key
+            for e in index.claims
+            if (e.tenant_id, e.fingerprint) == key
             and e.decision in REFUSALS
             and e.execution_id != execution
         ]
@@ -741,7 +741,7 @@ def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
                 f"{len(ids)} {COMMITTED_KIND} events for command {short(command_id)} carry no "
                 "receipt: one effect reported twice cannot be told from two effects."
             )
-    claimed = {(e.tenant_id, e.fingerprint) for e in facts.events if e.is_claim}
+    claimed = {(e.tenant_id, e.fingerprint) for e in index.claims}
     for approval in facts.approvals:
         key = (approval.tenant_id, approval.fingerprint)
         if approval.consumed_by_execution or (approval.fingerprint and key in claimed):
@@ -758,7 +758,7 @@ def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
                 "and no claim yet."
             )
     if not verdicts and not gaps and not index.approved:
-        refused = Counter(e.decision or "no decision" for e in facts.events if e.is_claim)
+        refused = Counter(e.decision or "no decision" for e in index.claims)
         if refused:
             tally = ", ".join(f"{n} {decision}" for decision, n in sorted(refused.items()))
             gaps.append(

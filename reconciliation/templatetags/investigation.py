@@ -37,11 +37,11 @@ def chain_rows(
     rows: list[ChainRow | ChainGap], show_tenant: bool, every_step_url: str = ""
 ) -> SafeString:
     """Every row of the chain, in one tag: a hundred tag calls cost more than their rows.
-    A long chain's rows repeat themselves (the same replay, refused the same way, from
-    the same execution) but for their time and producer event id: each different rest of
-    a row is escaped and built once."""
+    A long chain's rows repeat most of their cells (the same kind of replay of the same
+    token, refused the same way), but for their time, execution, queue message and
+    producer event id: each different set of the others is escaped and built once."""
     tz = timezone.get_current_timezone()
-    cells: dict[tuple[object, ...], tuple[str, str]] = {}
+    cells: dict[tuple[object, ...], tuple[str, str, str]] = {}
     return mark_safe(  # noqa: S308 - each row is built by chain_row, which escapes
         "".join(chain_row(row, show_tenant, every_step_url, tz, cells) for row in rows)
     )
@@ -52,7 +52,7 @@ def chain_row(
     show_tenant: bool,
     every_step_url: str = "",
     tz: tzinfo | None = None,
-    cells: dict[tuple[object, ...], tuple[str, str]] | None = None,
+    cells: dict[tuple[object, ...], tuple[str, str, str]] | None = None,
 ) -> SafeString:
     if isinstance(row, ChainGap):
         return chain_gap(row, show_tenant, every_step_url)
@@ -69,8 +69,6 @@ def chain_row(
         row.kind,
         row.outcome,
         row.fingerprint,
-        row.execution,
-        row.message,
         row.command_id,
         row.origin,
         row.deliveries,
@@ -81,19 +79,23 @@ def chain_row(
         built = _cells(row, show_tenant)
         if cells is not None:
             cells[key] = built
-    before, after = built
+    before, command, after = built
     flag = f" chain-row--{cell_html(row.flag)}" if row.flag else ""
     return mark_safe(  # noqa: S308 - every value above went through cell_html
         f'<tr class="chain-row{flag}"{attribute}>'
         f'<td class="nowrap">{f"{at:%H:%M:%S.%f}"[:12]} '
         f'<span class="muted small">{at:%Y-%m-%d}</span></td>'
-        f"{before}<td>{producer}</td>{after}</tr>"
+        f"{before}"
+        f'<td><code class="agent-text">{_or_dash(row.execution)}</code></td>'
+        f'<td><code class="agent-text small">{_or_dash(row.message)}</code></td>'
+        f"{command}<td>{producer}</td>{after}</tr>"
     )
 
 
-def _cells(row: ChainRow, show_tenant: bool) -> tuple[str, str]:
-    """A row's cells but its time and producer event id: those before the producer's
-    (kind to command) and those after it (origin, tenant)."""
+def _cells(row: ChainRow, show_tenant: bool) -> tuple[str, str, str]:
+    """A row's cells but its time, execution, queue message and producer event id: those
+    before the execution's (kind, outcome, fingerprint), the command's, and those after the
+    producer's (origin, tenant)."""
     fingerprint = (
         f'<code class="fingerprint">{cell_html(row.fingerprint)}</code>'
         if row.fingerprint
@@ -114,9 +116,7 @@ def _cells(row: ChainRow, show_tenant: bool) -> tuple[str, str]:
     return (
         f'<td><code class="event-kind">{cell_html(row.kind)}</code></td>'
         f'<td><code class="codes">{_or_dash(row.outcome)}</code></td>'
-        f"<td>{fingerprint}</td>"
-        f'<td><code class="agent-text">{_or_dash(row.execution)}</code></td>'
-        f'<td><code class="agent-text small">{_or_dash(row.message)}</code></td>'
+        f"<td>{fingerprint}</td>",
         f"<td>{command}</td>",
         f'<td class="nowrap">{cell_html(row.origin)}{delivered}</td>{tenant}',
     )

@@ -901,8 +901,8 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
 
 
 def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> None:
-    """chain_rows builds a row's repeated cells once; rows that differ anywhere but their
-    time and producer event id still render their own."""
+    """chain_rows builds a row's repeated cells once; rows that differ in any of them
+    still render their own."""
     from approvals.presenters import reveal_html
     from reconciliation.investigations import ChainRow
     from reconciliation.templatetags.investigation import chain_row, chain_rows
@@ -927,13 +927,15 @@ def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> 
         dataclasses.replace(first, event_id="evt-3", execution=reveal_html("exec-<b>")),
         dataclasses.replace(first, event_id="evt-4", deliveries=2, flag="duplicate"),
         dataclasses.replace(first, event_id="evt-5", tenant="Other"),
+        dataclasses.replace(first, event_id="evt-6", fingerprint="fp_<2>", command_id="c-1"),
     ]
     for show_tenant in (True, False):
         html = chain_rows(rows, show_tenant)
         assert html == "".join(chain_row(row, show_tenant) for row in rows)
     html = chain_rows(rows, True)
     assert 'data-event-id="evt-2"' in html and "09:08:08.000" in html
-    assert html.count("exec-a") == 4 and "exec-&lt;b&gt;" in html
+    assert html.count("exec-a") == 5 and "exec-&lt;b&gt;" in html
+    assert html.count("fp_&lt;2&gt;") == 1 and html.count('title="c-1"') == 1
     assert html.count("delivered \u00d72") == 1 and html.count("<td>Other</td>") == 1
 
 
