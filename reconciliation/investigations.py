@@ -33,17 +33,22 @@ from urllib.parse import urlencode
 from django.contrib.auth import get_user_model
 from django.db import connection, models
 from django.db.models import (
+    Case,
     CharField,
     F,
     Field,
+    Func,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
     TextField,
     UUIDField,
+    Value,
+    When,
 )
-from django.db.models.functions import Cast
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -910,11 +915,12 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         # Found by the audit_decisive_* indexes, however many refusals surround them.
         decisive = _DECISIVE[by_id].run(fixed={"limit": DECISIVE_LIMIT}, **chain_values)
         total = sum(_COUNT[by_id].run(**chain_values))
-    texts: dict[Any, str] = {}  # the chain's few occurrence and command ids, as text once
-    events = sorted(
-        {row[0]: _event_fact_of_row(row, texts) for row in decisive + newest}.values(),
-        key=lambda e: e.pk,
-    )
+    if connection.vendor == "postgresql":
+        facts_of = {row[0]: EventFact._make(row) for row in decisive + newest}
+    else:
+        texts: dict[Any, str] = {}  # the chain's few occurrence and command ids, once
+        facts_of = {row[0]: _event_fact_of_row(row, texts) for row in decisive + newest}
+    events = sorted(facts_of.values(), key=lambda e: e.pk)
     deliveries = _DELIVERIES.run(tenant_ids=tenant_ids, read=[e.pk for e in events])
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
@@ -1034,8 +1040,9 @@ _EVENT_COLUMNS = (
 
 
 def _event_fact_of_row(row: tuple[Any, ...], texts: dict[Any, str]) -> EventFact:
-    """``texts`` keeps the text of each UUID seen: a chain's events name the same few
-    occurrences and commands hundreds of times."""
+    """An event read by ``_EVENT_COLUMNS`` (elsewhere than on PostgreSQL). ``texts``
+    keeps the text of each UUID seen: a chain's events name the same few occurrences and
+    commands hundreds of times."""
     (
         pk,
         event_id,
@@ -1170,20 +1177,46 @@ def _chain_q(by_id: bool, occurrence_ids: int, fingerprints: int, command_ids: i
 
 
 def _event_rows(tenant_ids: int, condition: Q) -> QuerySet[AuditEvent, tuple[Any, ...]]:
-    rows = (
-        AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
-        .filter(condition)
-        .annotate(receipt_value=F("data__receipt"))
-    )
+    rows = AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids)).filter(condition)
     if connection.vendor == "postgresql":
-        # The ids as PostgreSQL writes them, which is str(uuid): hundreds of UUIDs loaded
-        # and turned back into text cost more than the rest of their rows.
-        rows = rows.annotate(**{f"{name}_text": Cast(name, TextField()) for name in _UUIDS})
-        return rows.values_list(*(f"{c}_text" if c in _UUIDS else c for c in _EVENT_COLUMNS))
-    return rows.values_list(*_EVENT_COLUMNS)
+        # Each row as ``EventFact`` holds it, made by PostgreSQL: the ids as its text of
+        # them (which is str(uuid)), "" for none, and an effect's receipt if it is a
+        # string. Hundreds of UUIDs loaded and turned back into text, and a JSON value
+        # decoded per row, cost more than the rest of the rows.
+        rows = rows.annotate(
+            receipt_type=Func(F("data__receipt"), function="jsonb_typeof", output_field=_TEXT)
+        )
+        return rows.annotate(
+            event_text=Cast("event_id", TextField()),
+            command_text=Coalesce(
+                Cast("command_id", TextField()), Value(""), output_field=TextField()
+            ),
+            occurrence_text=Coalesce(
+                Cast("occurrence_id", TextField()), Value(""), output_field=TextField()
+            ),
+            receipt_text=Case(
+                When(
+                    kind__startswith=vocabulary.EFFECT_PREFIX,
+                    receipt_type="string",
+                    then=KT("data__receipt"),
+                ),
+                default=Value(""),
+                output_field=TextField(),
+            ),
+        ).values_list(*_EVENT_FACT_COLUMNS)
+    return rows.annotate(receipt_value=F("data__receipt")).values_list(*_EVENT_COLUMNS)
 
 
-_UUIDS = ("event_id", "command_id", "occurrence_id")
+# On PostgreSQL, ``EventFact``'s fields in its order: each row is one (``EventFact._make``).
+_EVENT_FACT_COLUMNS = tuple(
+    {
+        "event_id": "event_text",
+        "command_id": "command_text",
+        "occurrence_id": "occurrence_text",
+        "receipt_value": "receipt_text",
+    }.get(c, c)
+    for c in _EVENT_COLUMNS
+)
 
 
 def _chain_rows(

@@ -654,6 +654,44 @@ def test_search_by_each_kind_of_id_finds_the_same_chain(
 
 
 @pytest.mark.django_db
+def test_the_events_are_read_as_the_verdict_reads_them(tenant: Any) -> None:
+    """Ids as str(uuid) (on PostgreSQL the database writes them), none as "", and a
+    receipt only where an effect event's payload names one as a string."""
+    from approvals.models import AuditEvent
+    from reconciliation.investigations import investigation_get
+
+    command_id = uuid.uuid4()
+    written = [
+        AuditEvent.objects.create(
+            tenant=tenant,
+            kind=kind,
+            token_fingerprint=FP,
+            execution_id="exec-r",
+            command_id=command,
+            source_time=T0,
+            data={"receipt": receipt},
+        )
+        for kind, command, receipt in (
+            ("effect.committed", command_id, "re_9"),
+            ("effect.committed", command_id, 5),  # not a string: no receipt
+            ("claim.approved", None, "re_x"),  # not an effect: no receipt
+        )
+    ]
+
+    found = investigation_get(q=FP, tenant_ids=[tenant.pk])
+
+    by_pk = {e.pk: e for e in found.facts.events}
+    assert sorted(by_pk) == sorted(e.pk for e in written)
+    committed, numbered, claim = (by_pk[e.pk] for e in written)
+    assert committed.event_id == str(written[0].event_id)
+    assert (committed.command_id, committed.occurrence_id) == (str(command_id), "")
+    assert (committed.receipt, numbered.receipt, claim.receipt) == ("re_9", "", "")
+    assert claim.command_id == "" and claim.ingestion_id is None
+    assert committed.source_time == T0 and committed.ingested_at is not None
+    assert all(type(value) is not uuid.UUID for e in by_pk.values() for value in e)
+
+
+@pytest.mark.django_db
 def test_nothing_found_says_so(ops: Client) -> None:
     status, page = investigate(ops, "no-such-thing")
     assert status == 200
