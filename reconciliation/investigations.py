@@ -54,7 +54,14 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals import tokens, vocabulary
-from approvals.compiled import Compiled, Literal, Param, ParamArray, ParamList
+from approvals.compiled import (
+    Compiled,
+    CompiledStatement,
+    Literal,
+    Param,
+    ParamArray,
+    ParamList,
+)
 from approvals.links import occurrence_path
 from approvals.models import (
     Approval,
@@ -907,7 +914,7 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     # Read as plain values, never as models: a chain of hundreds of events is read on every
     # request, and building (and decoding the payload of) each model cost more than the
     # query. Only an effect's receipt is read from the payload.
-    newest = _NEWEST[by_id].run(fixed={"limit": EVENT_LIMIT}, **chain_values)
+    newest = _newest(by_id, chain_values)
     if len(newest) < EVENT_LIMIT:
         # The whole chain: its decisive events are among the newest, and counted.
         decisive, total = [], len(newest)
@@ -1233,22 +1240,42 @@ def _newest_rows(
     fingerprints: int,
     command_ids: int,
 ) -> QuerySet[AuditEvent, tuple[Any, ...]]:
-    """The chain's newest ``limit`` events. On PostgreSQL, each arm's newest ``limit``
-    first, then the newest of those: an arm that an index holds in id order (for one
-    tenant) is read backwards along it, ``limit`` rows at most however long the chain,
-    and any other arm is found through its index and sorted (``_NEWEST_FIRST``), never by
-    walking the table's ids. Elsewhere (SQLite), the chain is sorted whole."""
-    if connection.vendor != "postgresql":
-        return _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids).order_by(
-            _NEWEST_FIRST
-        )[:limit]
-    parts = [
-        _event_rows(tenant_ids, arm).order_by(
+    """The chain's newest ``limit`` events, the chain sorted whole (SQLite; PostgreSQL
+    reads them by ``_newest_statement``)."""
+    return _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids).order_by(
+        _NEWEST_FIRST
+    )[:limit]
+
+
+def _newest_statement(
+    limit: int,
+    by_id: bool,
+    tenant_ids: int,
+    occurrence_ids: int,
+    fingerprints: int,
+    command_ids: int,
+) -> tuple[str, list[Any]]:
+    """The chain's newest ``limit`` events on PostgreSQL: each arm's newest ``limit`` first,
+    then the newest of those. An arm that an index holds in id order (for one tenant) is
+    read backwards along it, ``limit`` rows at most however long the chain, and any other
+    arm is found through its index and sorted (``_NEWEST_FIRST``), never by walking the
+    table's ids. The arms, each in id order, are merged and the first row of each id kept
+    (``DISTINCT ON``): a UNION would hash every row read whole to drop the arms' overlap."""
+    sqls: list[str] = []
+    params: list[Any] = []
+    for arm, ordered in _chain_arms(by_id, occurrence_ids, fingerprints, command_ids):
+        part = _event_rows(tenant_ids, arm).order_by(
             "-id" if ordered and tenant_ids == 1 else _NEWEST_FIRST
         )[:limit]
-        for arm, ordered in _chain_arms(by_id, occurrence_ids, fingerprints, command_ids)
-    ]
-    return parts[0].union(*parts[1:]).order_by("-pk")[:limit]
+        sql, part_params = part.query.sql_with_params()
+        sqls.append(f"({sql})")
+        params.extend(part_params)
+    # The first column is the event's id (_EVENT_COLUMNS); ``limit`` is an int.
+    chain = " UNION ALL ".join(sqls)
+    return (
+        f"SELECT DISTINCT ON (1) * FROM ({chain}) AS chain ORDER BY 1 DESC LIMIT {int(limit)}",  # noqa: S608
+        params,
+    )
 
 
 _SEEDS = {
@@ -1347,6 +1374,22 @@ _NEWEST = {
     )
     for by_id in (False, True)
 }
+_NEWEST_STATEMENT = {
+    by_id: CompiledStatement(
+        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
+            _newest_statement(limit, by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
+        )
+    )
+    for by_id in (False, True)
+}
+
+
+def _newest(by_id: bool, chain_values: dict[str, Any]) -> list[tuple[Any, ...]]:
+    if connection.vendor == "postgresql":
+        return _NEWEST_STATEMENT[by_id].rows(fixed={"limit": EVENT_LIMIT}, **chain_values)
+    return _NEWEST[by_id].run(fixed={"limit": EVENT_LIMIT}, **chain_values)
+
+
 _DECISIVE = {
     by_id: Compiled[tuple[Any, ...]](
         lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (

@@ -83,7 +83,7 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
         for q in queries.captured_queries
         if 'FROM "approvals_auditevent"' in q["sql"]
         and " LIMIT " in q["sql"]
-        and "DISTINCT" not in q["sql"]
+        and not q["sql"].startswith('SELECT DISTINCT "')  # the seeds' read
     ]
     assert len(ordered) == 2  # the newest, the decisive
     [tenant_id_index] = [

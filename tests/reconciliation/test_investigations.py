@@ -1128,6 +1128,18 @@ def test_past_the_events_read_the_verdict_still_rests_on_the_decisive_ones(
     assert "The chain has 12 audit events; this reads the newest 4 and every approved" in page
     assert len(long.captured_queries) == len(short.captured_queries) + 2  # decisive, count
 
+    # The events read are the chain's four newest (each once, whichever ways the chain
+    # names it: by fingerprint, by occurrence) and, before them, only decisive ones.
+    tenant_ids = [runtime.key.tenant_id]
+    read = investigations.investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
+    monkeypatch.setattr(investigations, "EVENT_LIMIT", 1000)
+    whole = investigations.investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
+    assert (read.events_newest, read.events_total, len(whole.events)) == (4, 12, 12)
+    newest = sorted(e.pk for e in whole.events)[-4:]
+    assert sorted(e.pk for e in read.events)[-4:] == newest
+    older = [e for e in read.events if e.pk < newest[0]]
+    assert older and all(e.decision == "approved" or e.kind == "effect.committed" for e in older)
+
 
 @pytest.mark.django_db
 def test_a_counts_tooltip_names_the_first_twenty(
