@@ -9,6 +9,7 @@ escaping this shares).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import tzinfo
 
 from django import template
@@ -34,7 +35,7 @@ COLUMNS = 9  # without the tenant's
 
 @register.simple_tag
 def chain_rows(
-    rows: list[ChainRow | ChainGap], show_tenant: bool, every_step_url: str = ""
+    rows: Sequence[ChainRow | ChainGap], show_tenant: bool, every_step_url: str = ""
 ) -> SafeString:
     """Every row of the chain, in one tag: a hundred tag calls cost more than their rows.
     A long chain's rows repeat most of their cells (the same kind of replay of the same
