@@ -895,6 +895,14 @@ class AuditEvent(models.Model):
             models.Index(
                 fields=["command_id"], condition=DECISIVE_EVENTS, name="audit_decisive_command"
             ),
+            # Other producers' events that name a command, newest first (an investigation
+            # by command id): the console's own events carry their occurrence, so only
+            # ingested ones are indexed, and the claim's insert maintains nothing for it.
+            models.Index(
+                fields=["command_id", "id"],
+                condition=Q(ingestion__isnull=False),
+                name="audit_ingested_command",
+            ),
         ]
         constraints = [
             # A fork of the chain (two events with one chain_seq) cannot be stored.

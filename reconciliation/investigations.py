@@ -1145,7 +1145,7 @@ def _chain_arms(
 ) -> list[tuple[Q, bool]]:
     """The ways the chain names an event, each with whether an index holds that arm's
     events in id order (one value of an indexed column: the fingerprint's, execution's and
-    occurrence's indexes end with the id)."""
+    occurrence's, and the ingested events' command index, end with the id)."""
     arms = [
         (_fingerprint_is(Param("q", _TEXT)), True),
         (Q(execution_id=Param("q", _TEXT)) & _HAS_EXECUTION, True),
@@ -1153,7 +1153,7 @@ def _chain_arms(
     if by_id:
         arms += [
             (Q(occurrence_id=Param("pk", _UUID)), True),
-            (Q(command_id=Param("pk", _UUID), ingestion__isnull=False), False),
+            (Q(command_id=Param("pk", _UUID), ingestion__isnull=False), True),
         ]
     if occurrence_ids:
         arms.append(
@@ -1170,7 +1170,7 @@ def _chain_arms(
         arms.append(
             (
                 _in("command_id", "command_ids", command_ids, _UUID) & Q(ingestion__isnull=False),
-                False,
+                command_ids == 1,
             )
         )
     return arms

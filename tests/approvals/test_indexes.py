@@ -97,3 +97,45 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
             cursor.execute(f"EXPLAIN {sql}")
             plan = "\n".join(row[0] for row in cursor.fetchall())
         assert "approvals_auditevent_pkey" not in plan and tenant_id_index not in plan, plan
+
+
+def test_an_investigation_by_command_reads_the_ingested_events_command_index(
+    runtime: Runtime,
+) -> None:
+    """Other producers' events naming a command (an investigation by command id) are found
+    through their own index, newest first, not by walking every event the tenant's
+    producers ever sent."""
+    import json
+    import uuid
+
+    from reconciliation import investigations
+
+    command_id = str(uuid.uuid4())
+    lines = [
+        {
+            "event_id": str(uuid.uuid4()),
+            "kind": "approval_decision",
+            "fingerprint": "feedface00000001",
+            "decision": "refused" if n else "approved",
+            "execution_id": f"exec-{n}",
+            "message_id": f"msg-{n}",
+            "command_id": command_id,
+            "source_time": "2026-08-04T10:00:00.000000Z",
+        }
+        for n in range(3)
+    ]
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    response = runtime.client.post(
+        "/api/v1/audit/events", body, content_type="application/x-ndjson"
+    )
+    assert response.status_code == 200, response.content
+
+    with CaptureQueriesContext(connection) as queries:
+        found = investigations.investigation_get(q=command_id, tenant_ids=[runtime.key.tenant_id])
+    assert len(found.facts.events) == 3
+    [newest] = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT DISTINCT ON")
+    ]
+    plan = plan_of(newest)
+    assert "audit_ingested_command" in plan, plan
+    assert "audit_ingested_event_once" not in plan and "audit_ingested " not in plan, plan
