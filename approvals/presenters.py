@@ -346,7 +346,7 @@ class InboxRow:
 
 
 def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
-    """One row, from an occurrence loaded by ``selectors.inbox_occurrences``."""
+    """One row, from an occurrence loaded by ``selectors.inbox_page``."""
     proposals = getattr(occurrence, "current_proposals", [])
     arguments = proposals[0].arguments if proposals else {}
     badge, label = inbox_badge(occurrence, now)

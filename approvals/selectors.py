@@ -725,42 +725,6 @@ def tool_contract(name: str) -> ToolContract | None:
     return ToolContract.objects.filter(name=name).first()
 
 
-def inbox_occurrences(
-    *, tenant_ids: Iterable[int], tool_id: int | None = None, status: str = ""
-) -> QuerySet[Occurrence]:
-    """Occurrences of the given tenants, newest first, with what an inbox row shows.
-
-    The current proposal (with its number of votes) and its approval are prefetched into
-    ``current_proposals`` and ``current_approvals`` so a page of rows costs the same few
-    queries however long it is; ``inbox_page`` gives each row its tool and tenant. The
-    tool is filtered by id, so that the count runs on the (tenant, tool, status,
-    created_at) index without a join.
-    """
-    queryset = _inbox_queryset().filter(tenant_id__in=list(tenant_ids))
-    if tool_id is not None:
-        queryset = queryset.filter(tool_id=tool_id)
-    if status:
-        queryset = queryset.filter(status=status)
-    return queryset
-
-
-@functools.cache
-def _inbox_queryset() -> QuerySet[Occurrence]:
-    """Built once per process, as the review page's are (below); each request filters a copy."""
-    return Occurrence.objects.prefetch_related(
-        Prefetch(
-            "proposals",
-            queryset=Proposal.objects.filter(is_current=True).annotate(votes_count=Count("votes")),
-            to_attr="current_proposals",
-        ),
-        Prefetch(
-            "approvals",
-            queryset=Approval.objects.filter(proposal__is_current=True),
-            to_attr="current_approvals",
-        ),
-    ).order_by("-created_at", "-pk")
-
-
 @dataclass(frozen=True)
 class InboxFreshness:
     """What an inbox page's poll compares, read without loading the page's rows."""
@@ -783,12 +747,6 @@ class InboxQuery:
     tool_id: int | None = None
     status: str = ""
 
-    def occurrences(self) -> QuerySet[Occurrence]:
-        """As a queryset (``inbox_occurrences``), for what pages through it."""
-        return inbox_occurrences(
-            tenant_ids=self.tenant_ids, tool_id=self.tool_id, status=self.status
-        )
-
     def values(self) -> dict[str, Any]:
         """The compiled reads' values."""
         return {"tenant_ids": self.tenant_ids, "tool": self.tool_id, "status": self.status}
@@ -798,7 +756,9 @@ class InboxQuery:
 
 
 def _inbox_filtered(tenant_ids: int, by_tool: bool, by_status: bool) -> QuerySet[Occurrence]:
-    """``inbox_occurrences`` with ``Param``s: the compiled reads below."""
+    """The occurrences an inbox lists, newest first, with ``Param``s for the compiled reads
+    below. The tool is filtered by id, so that the count runs on the (tenant, tool, status,
+    created_at) index without a join."""
     # No tenant: nothing to list, and no query (as Django answers ``__in=[]``).
     queryset = Occurrence.objects.filter(
         tenant_id__in=ParamList("tenant_ids", tenant_ids, _TENANT_PK) if tenant_ids else []

@@ -388,9 +388,14 @@ def test_a_reviewer_of_two_tenants_sees_each_rows_tenant_until_scoped(
 
 def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
     occurrence_id = propose(runtime)
-    occurrence = selectors.inbox_occurrences(tenant_ids=[runtime.key.tenant_id]).get(
-        pk=occurrence_id
+    [occurrence] = selectors.inbox_page(
+        selectors.InboxQuery([runtime.key.tenant_id]),
+        offset=0,
+        limit=1,
+        tools=selectors.inbox_tools(),
+        tenants=[],
     )
+    assert str(occurrence.pk) == occurrence_id
     row = presenters.inbox_row(occurrence, timezone.now())
 
     def flag(path: str) -> presenters.ArgumentFlag:
