@@ -173,12 +173,23 @@ class QueueItem:
 QUEUE_LIMIT = 50
 
 
+# Per reason, the field that says since when its rows need a person.
+_SINCE = {
+    Reason.OUTCOME_UNKNOWN: "updated_at",
+    Reason.INTERRUPTED: "created_at",
+    Reason.STUCK_SENDING: "updated_at",
+    Reason.STUCK_PENDING: "updated_at",
+    Reason.EXPIRED_UNCLAIMED: "expires_at",
+}
+
+
 def _queue_querysets(
     tenant_ids: list[int], now: datetime, tool_id: int | None
 ) -> dict[str, tuple[QuerySet[Any], str]]:
-    """Per reason: the rows, and the field that says since when they need a person."""
-    stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
-    return _reason_querysets(tenant_ids, now, stuck, tool_id)
+    """Per reason: the rows, and the field that says since when they need a person (what
+    the compiled reads below run, with the values given: the tests' reference)."""
+    values = _queue_values(tenant_ids, now, tool_id)
+    return _reason_querysets(values["tenant_ids"], values["now"], values["stuck"], tool_id)
 
 
 def _reason_querysets(
@@ -205,26 +216,18 @@ def _reason_querysets(
         commands = commands.filter(occurrence__tool_id=tool_id)
         approvals = approvals.filter(occurrence__tool_id=tool_id)
         interruptions = interruptions.filter(command__occurrence__tool_id=tool_id)
-    return {
-        Reason.OUTCOME_UNKNOWN: (
-            commands.filter(state=Command.State.OUTCOME_UNKNOWN),
-            "updated_at",
+    querysets = {
+        Reason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
+        Reason.INTERRUPTED: interruptions,
+        Reason.STUCK_SENDING: commands.filter(state=Command.State.SENDING, updated_at__lt=stuck),
+        Reason.STUCK_PENDING: commands.filter(
+            state=Command.State.PENDING,
+            executed_by=Command.ExecutedBy.CONSOLE,
+            updated_at__lt=stuck,
         ),
-        Reason.INTERRUPTED: (interruptions, "created_at"),
-        Reason.STUCK_SENDING: (
-            commands.filter(state=Command.State.SENDING, updated_at__lt=stuck),
-            "updated_at",
-        ),
-        Reason.STUCK_PENDING: (
-            commands.filter(
-                state=Command.State.PENDING,
-                executed_by=Command.ExecutedBy.CONSOLE,
-                updated_at__lt=stuck,
-            ),
-            "updated_at",
-        ),
-        Reason.EXPIRED_UNCLAIMED: (approvals, "expires_at"),
+        Reason.EXPIRED_UNCLAIMED: approvals,
     }
+    return {reason: (queryset, _SINCE[reason]) for reason, queryset in querysets.items()}
 
 
 def _queue_params(tenant_ids: int, by_tool: bool) -> dict[str, tuple[QuerySet[Any], str]]:
@@ -340,7 +343,7 @@ def queue_items(
                 for row in rows
             ]
             continue
-        since_field = "expires_at" if name == Reason.EXPIRED_UNCLAIMED else "updated_at"
+        since_field = _SINCE[name]
         for row in rows:
             command = row if isinstance(row, Command) else None
             items.append(
