@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from approvals import selectors
 from approvals.models import Approval, AuditEvent, Command, Occurrence
+from approvals.vocabulary import AuditKind
 from tests.conftest import Runtime
 
 pytestmark = pytest.mark.skipif(
@@ -73,6 +74,19 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
 
     assert runtime.claim(token, "exec-1").status_code == 200
     fingerprint = Approval.objects.get(occurrence_id=approved).fingerprint
+    # An old chain: the tenant wrote many events since, and the table's statistics say so
+    # (not whatever the tests before this one left: on a near-empty table, walking the
+    # ids in order is as cheap as the chain's own indexes, and PostgreSQL may pick either).
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            tenant_id=runtime.key.tenant_id,
+            kind=AuditKind.OCCURRENCE_PROPOSED,
+            source_time=timezone.now(),
+        )
+        for _ in range(500)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE approvals_auditevent")
     # Fewer events read than the chain holds: the decisive ones are then read on their own.
     monkeypatch.setattr(investigations, "EVENT_LIMIT", 1)
     with CaptureQueriesContext(connection) as queries:
