@@ -964,7 +964,9 @@ def review_queryset() -> QuerySet[Occurrence]:
     """An occurrence with everything its review page shows, in a fixed number of queries.
 
     Its freshness and the number of its audit events are read with the occurrence itself,
-    in one statement, so that a page never claims to be newer than what it shows.
+    in one statement, so that a page never claims to be newer than what it shows. Pages
+    read it through ``review_get`` (the same statements, compiled once); this queryset is
+    what ``tests/approvals/test_compiled.py`` holds them equal to.
     """
     return _review_queryset().all()
 
@@ -1123,7 +1125,7 @@ def occurrence_history(
     """One window of the occurrence's audit events: one query for the newest window, and
     at most two for any other (the window, then how many events precede it, which the
     oldest windows know without asking). ``total`` is the number of events counted with
-    the occurrence (``review_queryset``). Windows do not overlap: the one before the
+    the occurrence (``review_get``). Windows do not overlap: the one before the
     oldest full window holds what is left, however few."""
     limit = {"limit": size}
     if cursor.before is None and cursor.after is None:
@@ -1410,7 +1412,7 @@ class DecisionView:
 
 
 def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> DecisionView:
-    """The decision panel's state, from an occurrence loaded with ``review_queryset``."""
+    """The decision panel's state, from an occurrence loaded with ``review_get``."""
     now = now or timezone.now()
     proposal = current_proposal(occurrence)
     votes = list(proposal.votes.all())
@@ -1418,7 +1420,7 @@ def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> 
     approval = current_approval(occurrence)
     command = None
     if approval is not None:
-        # Read with the approval (``review_queryset``); an approval without one raises
+        # Read with the approval (``review_get``); an approval without one raises
         # RelatedObjectDoesNotExist, an AttributeError.
         command = getattr(approval, "command", None)
 
@@ -1540,7 +1542,7 @@ def review_snapshot(
 ) -> ReviewSnapshot:
     """The decision, one window of the audit events (the newest unless ``cursor`` names
     another) and, while undecided, who could still approve: a fixed number of queries on
-    top of ``review_queryset``, however long the history."""
+    top of ``review_get``, however long the history."""
     now = now or timezone.now()
     decision = occurrence_decision(occurrence, now)
     undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
