@@ -260,6 +260,10 @@ def test_redis_redelivering_a_message_still_in_its_call_makes_one_effect(
             "the first worker's call to create the refund and hang",
             lambda: len(sandbox.refunds()) == 1 and broker.unacked() == 1,
         )
+        # Mid-task, the worker holds a connection under the name teardown waits for.
+        assert worker_fixture.other_connections(
+            connection.settings_dict["NAME"], worker_fixture.CELERY_APPLICATION_NAME
+        ), "the worker's connection does not carry CELERY_APPLICATION_NAME"
         wait_until(
             "the message to outlive its visibility timeout",
             lambda: min(broker.unacked_ages(), default=0) > 1.5,

@@ -52,6 +52,10 @@ STOP_TIMEOUT = 20.0
 # Longer than any test here waits: a message that comes back within a test came back
 # because the worker's master requeued it, never because this timeout expired.
 LONG_VISIBILITY_TIMEOUT = 3600
+# How the workers' and beat's connections show in pg_stat_activity (libpq's PGAPPNAME), so
+# that teardown waits for theirs and not for one this process's threads keep (a live
+# server's request thread keeps its connection for CONN_MAX_AGE).
+CELERY_APPLICATION_NAME = "console-test-celery"
 
 
 def wait_until(what: str, condition: Callable[[], bool], timeout: float = 120.0) -> float:
@@ -248,6 +252,7 @@ class Workers:
                 "ADAPTER_READ_TIMEOUT": "1",
                 "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
                 "PYTHONUNBUFFERED": "1",
+                "PGAPPNAME": CELERY_APPLICATION_NAME,
             }
         )
         env.pop("RECONCILIATION_CRASH_AT", None)
@@ -312,28 +317,33 @@ class Workers:
             process.stop()
 
 
-def _other_connections(name: str) -> list[tuple[int, str]]:
+def other_connections(name: str, application_name: str | None) -> list[tuple[Any, ...]]:
+    """Other client connections to database ``name`` (only ``application_name``'s, if given):
+    pid, application name, state, wait event, backend start and the query's first words."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid, coalesce(application_name, '') FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
-            [name],
+            "SELECT pid, coalesce(application_name, ''), state, wait_event, backend_start,"
+            " left(query, 120) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            " AND (%s::text IS NULL OR application_name = %s::text)",
+            [name, application_name, application_name],
         )
-        return [(int(pid), str(app)) for pid, app in cursor.fetchall()]
+        return [tuple(row) for row in cursor.fetchall()]
 
 
-def release_test_database(timeout: float = 15.0) -> None:
+def release_test_database(timeout: float = 15.0, application_name: str | None = None) -> None:
     """Wait until no other process holds a connection to the test database (pytest-django
-    drops it at the end of the session); end any that outlive the deadline, and fail."""
+    drops it at the end of the session), or none named ``application_name``; end any that
+    outlive the deadline, and fail."""
     name = connection.settings_dict["NAME"]
     deadline = time.monotonic() + timeout
-    while (left := _other_connections(name)) and time.monotonic() < deadline:
+    while (left := other_connections(name, application_name)) and time.monotonic() < deadline:
         time.sleep(0.1)
     if left:
         with connection.cursor() as cursor:
-            for pid, _ in left:
+            for pid, *_ in left:
                 cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-        pytest.fail(f"connections to the test database outlived the workers: {left}")
+        pytest.fail(f"connections to the test database outlived their processes: {left}")
 
 
 @pytest.fixture
@@ -367,4 +377,4 @@ def workers(broker: Broker, transactional_db: Any, tmp_path: Path) -> Iterator[W
         yield started
     finally:
         started.stop()
-        release_test_database()
+        release_test_database(application_name=CELERY_APPLICATION_NAME)
