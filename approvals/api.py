@@ -1015,10 +1015,10 @@ def callback_get(request: HttpRequest) -> dict[str, Any]:
     response={204: None, **_AUTH_ERRORS, 404: ErrorOut},
     summary="Stop pushing decisions to this runtime key's callback",
 )
-def callback_delete(request: HttpRequest) -> tuple[int, None]:
+def callback_delete(request: HttpRequest) -> Status[None]:
     if not callbacks.callback_remove(runtime_key=runtime_key_of(request)):
         raise Http404
-    return 204, None
+    return Status(204, None)
 
 
 class LookupQuery(Schema):
