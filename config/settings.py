@@ -204,8 +204,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
         # Kept between requests (a new PostgreSQL connection per request costs more than the
-        # request): one per gunicorn thread or Celery process. Not under runserver, which
-        # starts a thread per request, nor under ASGI (above).
+        # request): one per gunicorn thread. Not under runserver, which starts a thread per
+        # request, nor under ASGI (above). A Celery worker's is closed after each task
+        # anyway (Celery's Django fixup).
         conn_max_age=0 if SERVED_BY_ASGI else env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
         # A persistent connection is checked before a request uses it, so the first request
         # after the database comes back reconnects instead of failing on the dead one.
