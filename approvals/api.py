@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import structlog
@@ -1444,6 +1444,22 @@ def _audit_batch_schema() -> dict[str, Any]:
     return {"type": "array", "minItems": 1, "items": line}
 
 
+# An event's time, in UTC, is refused before this and more than SOURCE_TIME_AHEAD after now
+# (a producer's clock may run a little fast). This also keeps out what Python cannot hold
+# (0001-01-01T00:00:00+14:00 is year 0 in UTC): PostgreSQL would store it, and every read
+# of the append-only row would fail.
+SOURCE_TIME_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+SOURCE_TIME_AHEAD = timedelta(days=1)
+
+
+def _plausible_source_time(moment: datetime) -> bool:
+    try:
+        utc = moment.astimezone(UTC)
+    except OverflowError:
+        return False
+    return SOURCE_TIME_EARLIEST <= utc <= datetime.now(UTC) + SOURCE_TIME_AHEAD
+
+
 class _LineRefused(Exception):
     def __init__(self, field: str, code: str, message: str) -> None:
         super().__init__(message)
@@ -1480,6 +1496,12 @@ def _audit_field(name: str, value: Any) -> Any:
         if moment.tzinfo is None:
             raise _LineRefused(
                 name, "invalid_time", "source_time needs a UTC offset (Z or +hh:mm)."
+            )
+        if not _plausible_source_time(moment):
+            raise _LineRefused(
+                name,
+                "time_out_of_range",
+                "source_time must fall between 2000-01-01T00:00:00Z and a day from now.",
             )
         return moment
     if name == "kind" and not _AUDIT_KIND.match(value):

@@ -1000,7 +1000,14 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def _utc_text(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return stored_time_text(moment) or moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def stored_time_text(moment: datetime) -> str:
+    """PostgreSQL's text of a stored time Python cannot hold (before year 1 or after 9999 in
+    UTC; ``config.postgresql.base.UnrepresentableTime``), or "" for any other time. The
+    chain hashes and the export writes this text, never the stand-in Python was given."""
+    return getattr(moment, "stored", "")
 
 
 class AuditDuplicateDelivery(models.Model):

@@ -49,6 +49,7 @@ from approvals.models import (
     RetiredToken,
     Tenant,
     ToolContract,
+    stored_time_text,
 )
 from approvals.vocabulary import AuditKind, ClaimDecision
 
@@ -302,7 +303,7 @@ def audit_event_line(event: AuditEvent) -> str:
                 "message_id": event.message_id or None,
                 "command_id": str(event.command_id) if event.command_id else None,
                 "trace_id": event.trace_id or None,
-                "source_time": event.source_time.isoformat(),
+                "source_time": stored_time_text(event.source_time) or event.source_time.isoformat(),
                 "ingested_at": event.ingested_at.isoformat(),
                 "data": event.data,
                 "ingestion_id": event.ingestion_id,
@@ -317,10 +318,13 @@ def audit_event_line(event: AuditEvent) -> str:
 
 
 def _sql_time(column: str) -> str:
-    # datetime.isoformat() of a UTC datetime: no fraction when the microseconds are 0.
+    # datetime.isoformat() of a UTC datetime: no fraction when the microseconds are 0. A
+    # time outside the years 1-9999 (in UTC) is written as stored_time_text writes it.
     return (
-        f"replace(to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'),"
-        f" '.000000', '') || '+00:00'"
+        f"CASE WHEN {column} < '0001-01-01 00:00:00+00' OR {column} >= '10000-01-01 00:00:00+00'"
+        f" THEN {column}::text ELSE"
+        f" replace(to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'),"
+        f" '.000000', '') || '+00:00' END"
     )
 
 

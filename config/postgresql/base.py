@@ -13,19 +13,46 @@ that. Anything else it refuses (another DateStyle, ``infinity``, a year before 1
 9999) goes to Django's loader as before, so the values and the errors are Django's. The
 time zone is then set as Django's loader sets it.
 
+One exception to Django's errors: a time PostgreSQL holds and Python cannot (before year 1
+or after 9999 in UTC). Django's loader raises ``DataError`` for it, so a single such row
+made every read that touched it fail for good (audit events are append-only). It loads as
+``UnrepresentableTime``: the nearest time Python holds, a day inside the range so that a
+conversion to any time zone still works, carrying PostgreSQL's own text of what is stored
+(``stored``), which the audit chain hashes and the export writes. The console refuses such
+times at its doors (``approvals.canonical.check_event_time``); this reads older rows.
+
 ``config/settings.py`` names this backend for a ``postgres://`` ``DATABASE_URL``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
 from django.db.backends.postgresql import base
 from django.db.backends.postgresql.psycopg_any import BaseTzLoader, get_adapters_template
-from psycopg import adapt
+from psycopg import DataError, adapt
+
+
+class UnrepresentableTime(datetime):
+    """A stored time outside Python's years 1-9999 (in UTC): the nearest time Python holds,
+    with PostgreSQL's text of the stored value in ``stored``."""
+
+    stored: str
+
+    @classmethod
+    def of(cls, text: str) -> UnrepresentableTime | None:
+        """The stand-in for PostgreSQL's ``timestamptz`` text, or None if it is in range."""
+        if text.endswith(" BC"):
+            moment = cls(1, 1, 2, tzinfo=UTC)
+        elif text[:5].isdigit():  # five digits of year: after 9999
+            moment = cls(9999, 12, 30, tzinfo=UTC)
+        else:
+            return None
+        moment.stored = text
+        return moment
 
 
 class IsoTzLoader(BaseTzLoader):
@@ -35,7 +62,13 @@ class IsoTzLoader(BaseTzLoader):
         try:
             value = datetime.fromisoformat(bytes(data).decode())
         except ValueError:
-            return super().load(data)  # type: ignore[no-any-return]
+            try:
+                return super().load(data)  # type: ignore[no-any-return]
+            except DataError:
+                unrepresentable = UnrepresentableTime.of(bytes(data).decode())
+                if unrepresentable is None:
+                    raise
+                return unrepresentable
         # In UTC (Django's connection time zone here), the parser's zone is already the
         # very ``timezone.utc`` Django would set, and ``replace`` cost six times the parse.
         if value.tzinfo is self.timezone:
