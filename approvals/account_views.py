@@ -20,7 +20,7 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import presenters, reviewer_tokens, selectors, services
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import ReviewerToken, Tenant
 from approvals.selectors import ConsoleAccess
 from approvals.views import _chrome, console_login_required

@@ -46,7 +46,7 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import presenters, selectors, services
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import Approval, Membership, RuntimeKey, Tenant
 from approvals.presenters import MoneyLine, Notice
 from approvals.selectors import ConsoleAccess

@@ -56,7 +56,8 @@ from approvals import (
     services,
     tokens,
 )
-from approvals.canonical import InputError, parse_json
+from approvals.canonical.parsing import parse_json
+from approvals.errors import InputError
 from approvals.models import (
     Command,
     Occurrence,

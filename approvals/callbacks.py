@@ -45,7 +45,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from approvals import broker, tokens
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import (
     AuditEvent,
     CallbackAttempt,

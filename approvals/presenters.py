@@ -24,15 +24,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from approvals.canonical import (
-    LookAlike,
-    currency_exponent,
-    is_amount,
-    is_hidden,
-    look_alikes,
-    pretty,
-    same_person,
-)
+from approvals.canonical.confusables import LookAlike, is_hidden, look_alikes, same_person
+from approvals.canonical.form import pretty
+from approvals.canonical.money import currency_exponent, is_amount
 from approvals.forms import STATE_ALL, STATE_CHOICES
 from approvals.models import (
     Approval,

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from approvals import services, tokens
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import Membership, ReviewerToken, Tenant
 from approvals.vocabulary import AuditKind
 

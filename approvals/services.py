@@ -20,7 +20,9 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from approvals import callbacks, claim_sql, keycache, ratelimit, selectors, signals, tokens
-from approvals.canonical import CanonicalAction, InputError, canonicalize, validate_arguments
+from approvals.canonical.form import CanonicalAction, canonicalize
+from approvals.canonical.schema import validate_arguments
+from approvals.errors import InputError
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -706,7 +708,7 @@ def occurrence_approve(
         username = _username(reviewer)
         # requested_by is agent-supplied: "Rita", "rita ", "rita\u200b" and rita's email
         # address all name rita (canonical.identity_key), so none of them lets her approve.
-        from approvals.canonical import same_person
+        from approvals.canonical.confusables import same_person
 
         if same_person(occ.requested_by, username, getattr(reviewer, "email", "") or ""):
             raise ServiceError(

@@ -27,7 +27,8 @@ from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
 from approvals import presenters, selectors, services
-from approvals.canonical import InputError, parse_json
+from approvals.canonical.parsing import parse_json
+from approvals.errors import InputError
 from approvals.forms import (
     STATE_ALL,
     ApproveForm,

@@ -37,16 +37,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.django_setup import setup_django  # noqa: E402
+from bench.django_setup import setup_django
 
 setup_django()
 
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
+from django.conf import settings
+from django.db import connection
+from django.test import Client
 
-from approvals import selectors, services  # noqa: E402
-from approvals.models import AuditEvent, Tenant  # noqa: E402
+from approvals import selectors, services
+from approvals.models import AuditEvent, Tenant
 
 TENANT_SLUG = "bench"
 OTHER_SLUG = "bench-other"

@@ -47,22 +47,22 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.django_setup import setup_django  # noqa: E402
+from bench.django_setup import setup_django
 
 # connection.queries must not grow for the length of a run.
 setup_django(debug_off=True)
 
-import psycopg  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
-from django.db import IntegrityError, connection, connections, transaction  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
-from django.utils import timezone  # noqa: E402
+import psycopg
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import IntegrityError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from approvals import services, tokens  # noqa: E402
-from approvals.canonical import canonicalize  # noqa: E402
-from approvals.models import (  # noqa: E402
+from approvals import services, tokens
+from approvals.canonical.form import canonicalize
+from approvals.models import (
     Approval,
     Command,
     Epoch,

@@ -33,23 +33,23 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.django_setup import setup_django  # noqa: E402
+from bench.django_setup import setup_django
 
 setup_django()
 
-from django.conf import settings  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.contrib.auth.decorators import login_required  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
-from django.http import HttpRequest, HttpResponse  # noqa: E402
-from django.template import engines  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
-from django.urls import clear_url_caches, include, path  # noqa: E402
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.db import connection, transaction
+from django.http import HttpRequest, HttpResponse
+from django.template import engines
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import clear_url_caches, include, path
 
-from approvals import services  # noqa: E402
-from approvals.canonical import canonicalize  # noqa: E402
-from approvals.models import (  # noqa: E402
+from approvals import services
+from approvals.canonical.form import canonicalize
+from approvals.models import (
     Approval,
     ApprovalVote,
     AuditEvent,
@@ -60,7 +60,7 @@ from approvals.models import (  # noqa: E402
     Proposal,
     ToolContract,
 )
-from config.heap import freeze_startup_heap  # noqa: E402
+from config.heap import freeze_startup_heap
 
 OCCURRENCES_AT_SCALE_1 = 100_000
 AUDIT_EVENTS_AT_SCALE_1 = 1_000_000

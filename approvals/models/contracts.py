@@ -103,7 +103,7 @@ class ToolContract(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from approvals.canonical import check_contract_schema
+        from approvals.canonical.schema import check_contract_schema
 
         errors = check_contract_schema(self.json_schema)
         if errors:
@@ -130,7 +130,7 @@ class ToolContract(models.Model):
             )
 
     def _clean_currency_quorum(self, properties: dict[str, Any]) -> None:
-        from approvals.canonical import currency_exponent
+        from approvals.canonical.money import currency_exponent
 
         currency = properties.get(self.quorum_currency_argument, {})
         if currency.get("type") != "string":

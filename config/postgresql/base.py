@@ -19,7 +19,7 @@ made every read that touched it fail for good (audit events are append-only). It
 ``UnrepresentableTime``: the nearest time Python holds, a day inside the range so that a
 conversion to any time zone still works, carrying PostgreSQL's own text of what is stored
 (``stored``), which the audit chain hashes and the export writes. The console refuses such
-times at its doors (``approvals.canonical.check_event_time``); this reads older rows.
+times at its doors (``approvals.api``, ``SOURCE_TIME_EARLIEST``); this reads older rows.
 
 ``config/settings.py`` names this backend for a ``postgres://`` ``DATABASE_URL``.
 """

@@ -18,14 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from approvals.canonical import (
-    MAX_DEPTH,
-    MAX_SAFE_INTEGER,
-    InputError,
-    canonicalize,
-    parse_json,
-    pretty,
-)
+from approvals.canonical.form import canonicalize, pretty
+from approvals.canonical.parsing import MAX_DEPTH, MAX_SAFE_INTEGER, parse_json
+from approvals.errors import InputError
 from tests.conftest import REFUND_ARGS
 
 # --- strategies -------------------------------------------------------------------------

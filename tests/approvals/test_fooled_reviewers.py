@@ -19,13 +19,10 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from approvals import services
-from approvals.canonical import (
-    InputError,
-    currency_exponent,
-    identity_key,
-    look_alikes,
-    validate_arguments,
-)
+from approvals.canonical.confusables import identity_key, look_alikes
+from approvals.canonical.money import currency_exponent
+from approvals.canonical.schema import validate_arguments
+from approvals.errors import InputError
 from approvals.models import ApprovalVote, AuditEvent, Membership, Occurrence, Tenant, ToolContract
 from approvals.presenters import argument_flags, format_money, minor_units, money_lines, quorum_rule
 from tests.approvals.test_views_html import parse, propose, signed_in

@@ -16,7 +16,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from approvals import keycache, services
-from approvals.canonical import StrictValidator, contract_validator, validate_arguments
+from approvals.canonical.schema import StrictValidator, contract_validator, validate_arguments
 from approvals.models import Membership, RuntimeKey, Tenant, ToolContract
 from tests.conftest import PASSWORD, Runtime, make_user
 

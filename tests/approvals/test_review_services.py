@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from approvals import services, tokens
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import (
     Approval,
     ApprovalVote,

@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals import reviewer_tokens, services, tokens
-from approvals.canonical import InputError
+from approvals.errors import InputError
 from approvals.models import (
     Approval,
     AuditEvent,

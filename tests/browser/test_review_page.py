@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from approvals import services
-from approvals.canonical import canonicalize
+from approvals.canonical.form import canonicalize
 from approvals.models import Approval, ApprovalVote, Command, Occurrence
 from tests.browser.conftest import (
     Contexts,
