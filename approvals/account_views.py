@@ -19,10 +19,11 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import presenters, reviewer_tokens, selectors, services
-from approvals.errors import InputError
+from approvals import presenters
+from approvals.access import reviewer_tokens
+from approvals.errors import InputError, ServiceError
 from approvals.models import ReviewerToken, Tenant
-from approvals.selectors import ConsoleAccess
+from approvals.selectors import ConsoleAccess, console_access
 from approvals.views import _chrome, console_login_required
 
 TEMPLATE = "approvals/access_tokens.html"
@@ -80,7 +81,7 @@ class Account:
 
 
 def _account(request: HttpRequest) -> Account:
-    access = selectors.console_access(request.user)
+    access = console_access(request.user)
     tenants = [t for t in access.tenants if access.is_reviewer(t.pk)]
     if not tenants:
         raise PermissionDenied(NOT_REVIEWER)
@@ -147,7 +148,7 @@ def access_token_create(request: HttpRequest) -> HttpResponse:
     except InputError as exc:
         form.add_error("name", exc.message)
         return _render(account, form=form, status=422)
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
     return _render(account, created=token, raw=raw, status=201)
 

@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from approvals import reviewer_tokens, services
+from approvals.access import reviewer_tokens
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -18,6 +18,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.reviews.revocation import approvals_revoke
 
 
 @admin.register(Tenant)
@@ -140,7 +141,7 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected approvals (kill switch)")
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
-        count = services.approvals_revoke(
+        count = approvals_revoke(
             approvals=queryset,
             actor=str(request.user.get_username()),
             reason="Revoked from the Django admin.",

@@ -45,11 +45,20 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import presenters, selectors, services
-from approvals.errors import InputError
+from approvals import presenters
+from approvals.access.runtime_keys import runtime_key_deactivate, runtime_key_issue
+from approvals.errors import InputError, ServiceError
 from approvals.models import Approval, Membership, RuntimeKey, Tenant
 from approvals.presenters import MoneyLine, Notice
-from approvals.selectors import ConsoleAccess
+from approvals.reviews.revocation import (
+    RevocationFilter,
+    approval_revoke,
+    approval_revoke_refusal,
+    approvals_revocable,
+    approvals_revoke_by_admin,
+)
+from approvals.reviews.selectors import approvals_with_fingerprint
+from approvals.selectors import ConsoleAccess, console_access, tool_ids
 from approvals.views import _chrome, console_login_required
 
 TEMPLATE_REVOCATIONS = "approvals/revocations.html"
@@ -104,7 +113,7 @@ class AdminScope:
 
 def admin_scope(request: HttpRequest, message: str = NOT_ADMIN) -> AdminScope:
     """The one access check of the admin pages: admins of at least one tenant, else 403."""
-    access = selectors.console_access(request.user)
+    access = console_access(request.user)
     tenants = [t for t in access.tenants if access.is_admin(t.pk)]
     if not tenants:
         raise PermissionDenied(message)
@@ -190,9 +199,9 @@ class RevocationFilterForm(forms.Form):
         chosen = self.scope.tenant(self.cleaned_data.get("tenant") or "")
         return [chosen.pk] if chosen else self.scope.tenant_ids
 
-    def filters(self) -> services.RevocationFilter:
+    def filters(self) -> RevocationFilter:
         data = self.cleaned_data
-        return services.RevocationFilter(
+        return RevocationFilter(
             tool=data.get("tool") or "",
             approver=data.get("approver") or "",
             runtime_key_id=data.get("runtime_key"),
@@ -235,13 +244,13 @@ def _filter_form(scope: AdminScope, data: Any) -> RevocationFilterForm:
     return RevocationFilterForm(
         data,
         scope=scope,
-        tools=list(selectors.tool_ids()),
+        tools=list(tool_ids()),
         approvers=_approver_names(scope.tenant_ids),
         keys=keys,
     )
 
 
-def _describe(filters: services.RevocationFilter, keys: dict[int, RuntimeKey]) -> list[str]:
+def _describe(filters: RevocationFilter, keys: dict[int, RuntimeKey]) -> list[str]:
     """The filters in words, for the preview's heading and the result page."""
     parts = []
     if filters.tool:
@@ -295,7 +304,7 @@ class Preview:
         return self.count > MAX_BULK
 
 
-def _filters_data(filters: services.RevocationFilter) -> dict[str, Any]:
+def _filters_data(filters: RevocationFilter) -> dict[str, Any]:
     before = filters.issued_before
     return {
         "tool": filters.tool,
@@ -305,9 +314,9 @@ def _filters_data(filters: services.RevocationFilter) -> dict[str, Any]:
     }
 
 
-def _filters_from(data: dict[str, Any]) -> services.RevocationFilter:
+def _filters_from(data: dict[str, Any]) -> RevocationFilter:
     before = data.get("before")
-    return services.RevocationFilter(
+    return RevocationFilter(
         tool=data.get("tool") or "",
         approver=data.get("approver") or "",
         runtime_key_id=data.get("key"),
@@ -319,13 +328,13 @@ def _preview(
     request: HttpRequest,
     *,
     tenant_ids: list[int],
-    filters: services.RevocationFilter,
+    filters: RevocationFilter,
     query: str,
     ids: list[int] | None = None,
 ) -> Preview:
     """What the filters select that is revocable now (only among ``ids`` if given), and the
     signed confirmation of exactly that list."""
-    selected = services.approvals_revocable(tenant_ids=tenant_ids, filters=filters)
+    selected = approvals_revocable(tenant_ids=tenant_ids, filters=filters)
     if ids is not None:
         selected = selected.filter(pk__in=ids)
     selected = selected.select_related(*_ROW_RELATIONS).order_by("issued_at", "pk")
@@ -463,13 +472,13 @@ def revocations_revoke(request: HttpRequest) -> HttpResponse:
     batch_id = uuid.uuid4()
     approvals = filters.apply(Approval.objects.filter(tenant_id__in=tenant_ids, pk__in=previewed))
     try:
-        revoked = services.approvals_revoke_by_admin(
+        revoked = approvals_revoke_by_admin(
             approvals=approvals,
             admin=request.user,
             reason=form.cleaned_data["reason"],
             batch=batch_id.hex,
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
     batches = dict(request.session.get(SESSION_BATCHES, {}))
     batches[batch_id.hex] = {
@@ -509,7 +518,7 @@ def revocations_batch(request: HttpRequest, batch_id: uuid.UUID) -> HttpResponse
             outcome, text = "revoked", "Revoked now"
         else:
             outcome = "skipped"
-            text = services.approval_revoke_refusal(row.approval, now) or (
+            text = approval_revoke_refusal(row.approval, now) or (
                 "Not revoked: you are no longer an admin of its tenant, or it no longer "
                 "matched the filters."
             )
@@ -525,7 +534,7 @@ def revocations_batch(request: HttpRequest, batch_id: uuid.UUID) -> HttpResponse
         )
     filters = _filters_from(record["filters"])
     tenant_ids = [t for t in record["tenants"] if t in scope.tenant_ids]
-    newer = services.approvals_revocable(tenant_ids=tenant_ids, filters=filters).count()
+    newer = approvals_revocable(tenant_ids=tenant_ids, filters=filters).count()
     keys = {
         key.pk: key
         for key in RuntimeKey.objects.filter(
@@ -562,7 +571,7 @@ def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
         return _render_revocations(scope, fingerprint_form=form, status=422)
     fingerprint = form.cleaned_data["fingerprint"].strip().lower()
     approval = (
-        selectors.approvals_with_fingerprint(fingerprint)
+        approvals_with_fingerprint(fingerprint)
         .filter(tenant_id__in=scope.tenant_ids)
         .order_by("pk")
         .first()
@@ -576,10 +585,10 @@ def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
         )
         return _render_revocations(scope, fingerprint_form=form, status=404)
     try:
-        revoked = services.approval_revoke(
+        revoked = approval_revoke(
             approval=approval, admin=request.user, reason=form.cleaned_data["reason"]
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
     if revoked:
         messages.success(
@@ -589,7 +598,7 @@ def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
         )
         return redirect("approvals:revocations")
     approval = Approval.objects.select_related("command").get(pk=approval.pk)
-    notice = Notice("error", services.approval_revoke_refusal(approval))
+    notice = Notice("error", approval_revoke_refusal(approval))
     return _render_revocations(
         scope, fingerprint_form=form, fingerprint_notice=notice, refused=approval, status=409
     )
@@ -672,13 +681,13 @@ def keys_create(request: HttpRequest) -> HttpResponse:
         return _render_keys(scope, form=form, status=422)
     tenant = form.chosen_tenant()
     try:
-        key, raw = services.runtime_key_issue(
+        key, raw = runtime_key_issue(
             tenant=tenant, name=form.cleaned_data["name"], admin=request.user
         )
     except InputError as exc:
         form.add_error("name", exc.message)
         return _render_keys(scope, form=form, status=422)
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
     response = render(
         request,
@@ -702,8 +711,8 @@ def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
     if key is None:
         raise Http404("No such runtime key in your tenants.")
     try:
-        changed = services.runtime_key_deactivate(key=key, admin=request.user)
-    except services.ServiceError as exc:
+        changed = runtime_key_deactivate(key=key, admin=request.user)
+    except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
     if changed:
         messages.success(

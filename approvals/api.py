@@ -44,20 +44,18 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, StrictBool, StrictStr, WithJsonSchema, field_validator
 
-from approvals import (
-    callbacks,
-    longpoll,
-    metrics,
-    openapi,
-    presenters,
-    ratelimit,
-    reviewer_tokens,
-    selectors,
-    services,
-    tokens,
-)
+from approvals import longpoll, metrics, openapi, presenters
+from approvals.access import ratelimit, reviewer_tokens, tokens
+from approvals.access.runtime_keys import runtime_key_authenticate
+from approvals.audit import ingest
+from approvals.audit.chain import audit_chain_extend
+from approvals.audit.export import AuditFilter, audit_cursor_latest, audit_export
+from approvals.audit.ingest import AuditLine
+from approvals.callbacks.registry import callback_register, callback_remove, summary
 from approvals.canonical.parsing import parse_json
-from approvals.errors import InputError
+from approvals.claims.claim import approval_claim
+from approvals.claims.delivery import approval_deliver_token
+from approvals.errors import InputError, ServiceError
 from approvals.models import (
     Command,
     Occurrence,
@@ -66,6 +64,18 @@ from approvals.models import (
     RuntimeKey,
     ToolContract,
 )
+from approvals.reviews import renewal
+from approvals.reviews.decisions import occurrence_approve, occurrence_reject
+from approvals.reviews.proposals import action_canonical, occurrence_propose, prior_rejections
+from approvals.reviews.selectors import (
+    approval_state,
+    current_approval,
+    current_proposal,
+    occurrence_detail_queryset,
+    occurrence_get_for_tenant,
+)
+from approvals.reviews.selectors import occurrence_lookup as occurrence_of_client_ref
+from approvals.selectors import tool_contract, tool_contracts
 from approvals.vocabulary import AdmittingDecision, ClaimDecision, RefusingDecision
 
 # --- parsing and errors -----------------------------------------------------------------
@@ -113,7 +123,7 @@ def error_response(
 class RuntimeKeyAuth(HttpBearer):
     @method_decorator(sensitive_variables("token"))
     def authenticate(self, request: HttpRequest, token: str) -> RuntimeKey | None:
-        return services.runtime_key_authenticate(token)
+        return runtime_key_authenticate(token)
 
 
 class ReviewerTokenAuth(HttpBearer):
@@ -213,8 +223,8 @@ def _input_error(request: HttpRequest, exc: InputError) -> HttpResponse:
     return error_response(exc.code, exc.message, status, details)
 
 
-@api.exception_handler(services.ServiceError)
-def _service_error(request: HttpRequest, exc: services.ServiceError) -> HttpResponse:
+@api.exception_handler(ServiceError)
+def _service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
     response = error_response(exc.code, exc.message, exc.status, exc.details)
     if exc.code in _RETRY_AFTER_SECONDS:
         response["Retry-After"] = str(_RETRY_AFTER_SECONDS[exc.code])
@@ -664,7 +674,7 @@ class AuditIngestOut(Schema):
 
 
 def _proposal_out(occurrence: Occurrence) -> dict[str, Any]:
-    proposal = selectors.current_proposal(occurrence)
+    proposal = current_proposal(occurrence)
     return {
         "version": proposal.version,
         "action_digest": proposal.action_digest,
@@ -685,7 +695,7 @@ def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
             "decided_at": prior.decided_at,
             "decided_by": prior.decided_by,
         }
-        for prior in selectors.prior_rejections(
+        for prior in prior_rejections(
             tenant=occurrence.tenant_id,
             run_id=occurrence.run_id,
             action_digest=proposed.action_digest,
@@ -714,7 +724,7 @@ _AUTH_ERRORS, _BODY_ERRORS = AUTH_ERRORS, BODY_ERRORS
     "in `rejection_reason`).\n\n" + openapi.CONTRACT_RULES,
 )
 def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
-    occurrence, created = services.occurrence_propose(
+    occurrence, created = occurrence_propose(
         runtime_key=runtime_key_of(request),
         tool=payload.tool,
         arguments=payload.arguments,
@@ -723,7 +733,7 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
         requested_by=payload.requested_by or "",
         client_ref=payload.client_ref or "",
     )
-    occurrence = selectors.occurrence_detail_queryset().get(pk=occurrence.pk)
+    occurrence = occurrence_detail_queryset().get(pk=occurrence.pk)
     metrics.proposal_received(occurrence, created)
     body = {
         "occurrence_id": str(occurrence.pk),
@@ -738,9 +748,7 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
 def _get_occurrence(request: HttpRequest, occurrence_id: str) -> Occurrence:
     # The caller's tenant: a runtime key's, or a reviewer token's (GET and decisions).
     caller: RuntimeKey | ReviewerToken = request.auth  # type: ignore[attr-defined]
-    occurrence = selectors.occurrence_get_for_tenant(
-        tenant=caller.tenant, occurrence_id=occurrence_id
-    )
+    occurrence = occurrence_get_for_tenant(tenant=caller.tenant, occurrence_id=occurrence_id)
     if occurrence is None:
         raise Http404
     return occurrence
@@ -759,7 +767,7 @@ def _command_out(command: Command) -> dict[str, Any]:
 
 def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     """An occurrence read with ``selectors.occurrence_detail_queryset``, as the API shows it."""
-    approval = selectors.current_approval(occurrence)
+    approval = current_approval(occurrence)
     commands = [_command_out(c) for c in occurrence.commands.all()]
     return {
         "occurrence_id": str(occurrence.pk),
@@ -776,7 +784,7 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
         "approval": None
         if approval is None
         else {
-            "state": selectors.approval_state(approval),
+            "state": approval_state(approval),
             "fingerprint": approval.fingerprint or None,
             "issued_at": approval.issued_at,
             "expires_at": approval.expires_at,
@@ -924,13 +932,13 @@ def occurrence_decide(
                 "seen_digest: send the digest of the version you reviewed.",
                 "seen_digest",
             )
-        approved = services.occurrence_approve(
+        approved = occurrence_approve(
             occurrence=occurrence, reviewer=token.user, seen_digest=payload.seen_digest, via=via
         )
         outcome = "issued" if approved.issued else "vote_recorded"
         votes, needed = approved.votes, approved.needed
     else:
-        services.occurrence_reject(
+        occurrence_reject(
             occurrence=occurrence, reviewer=token.user, reason=payload.reason or "", via=via
         )
         outcome = "rejected"
@@ -978,7 +986,7 @@ def _callback_out(callback: Any, secret: str = "") -> dict[str, Any]:
         "url": callback.url,
         "active": callback.is_active,
         "secret": secret or None,
-        "deliveries": callbacks.summary(callback),
+        "deliveries": summary(callback),
     }
 
 
@@ -993,7 +1001,7 @@ def _callback_out(callback: Any, secret: str = "") -> dict[str, Any]:
     "first registration (or `rotate_secret`) answers the secret, once.",
 )
 def callback_put(request: HttpRequest, payload: CallbackIn) -> dict[str, Any]:
-    registered = callbacks.callback_register(
+    registered = callback_register(
         runtime_key=runtime_key_of(request), url=payload.url, rotate=payload.rotate_secret
     )
     return _callback_out(registered.callback, registered.secret)
@@ -1017,7 +1025,7 @@ def callback_get(request: HttpRequest) -> dict[str, Any]:
     summary="Stop pushing decisions to this runtime key's callback",
 )
 def callback_delete(request: HttpRequest) -> Status[None]:
-    if not callbacks.callback_remove(runtime_key=runtime_key_of(request)):
+    if not callback_remove(runtime_key=runtime_key_of(request)):
         raise Http404
     return Status(204, None)
 
@@ -1035,7 +1043,7 @@ class LookupQuery(Schema):
     "`client_ref` (the same body as `GET /api/v1/occurrences/{occurrence_id}`), or 404.",
 )
 def occurrence_lookup(request: HttpRequest, query: Query[LookupQuery]) -> dict[str, Any]:
-    occurrence = selectors.occurrence_lookup(
+    occurrence = occurrence_of_client_ref(
         tenant=runtime_key_of(request).tenant, run_id=query.run_id, client_ref=query.client_ref
     )
     if occurrence is None:
@@ -1057,7 +1065,7 @@ def occurrence_lookup(request: HttpRequest, query: Query[LookupQuery]) -> dict[s
 def occurrence_renew(request: HttpRequest, occurrence_id: str) -> dict[str, Any]:
     key = runtime_key_of(request)
     occurrence = _get_occurrence(request, occurrence_id)
-    services.occurrence_renew(occurrence=occurrence, actor=f"runtime:{key.name}")
+    renewal.occurrence_renew(occurrence=occurrence, actor=f"runtime:{key.name}")
     return _occurrence_out(_get_occurrence(request, occurrence_id))
 
 
@@ -1089,7 +1097,7 @@ def token_pickup(
     execution gets 409 token_already_delivered; an ask after the claim gets 409 claimed
     with `details.command_id` and `details.execution_id`."""
     occurrence = _get_occurrence(request, occurrence_id)
-    delivered = services.approval_deliver_token(
+    delivered = approval_deliver_token(
         occurrence=occurrence,
         runtime_key=runtime_key_of(request),
         execution_id=(payload.execution_id or "") if payload is not None else "",
@@ -1119,7 +1127,7 @@ def token_pickup(
     "`GET /api/v1/tools/{name}`). A malformed body is 400/413/415/422 as everywhere.",
 )
 def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
-    result = services.approval_claim(
+    result = approval_claim(
         tenant=runtime_key_of(request).tenant,
         token=payload.token,
         tool=payload.action.tool,
@@ -1261,7 +1269,7 @@ def _tool_out(contract: ToolContract) -> dict[str, Any]:
     tags=["contracts"],
 )
 def tools(request: HttpRequest) -> dict[str, Any]:
-    return {"tools": [_tool_out(c) for c in selectors.tool_contracts()]}
+    return {"tools": [_tool_out(c) for c in tool_contracts()]}
 
 
 @api.get(
@@ -1272,7 +1280,7 @@ def tools(request: HttpRequest) -> dict[str, Any]:
 )
 def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
     # No contract's name holds a NUL character, which PostgreSQL text cannot even compare.
-    contract = selectors.tool_contract(name) if "\x00" not in name else None
+    contract = tool_contract(name) if "\x00" not in name else None
     if contract is None:
         raise Http404
     return _tool_out(contract)
@@ -1287,7 +1295,7 @@ def tool_detail(request: HttpRequest, name: str) -> dict[str, Any]:
     tags=["contracts"],
 )
 def canonicalize_action(request: HttpRequest, payload: CanonicalizeIn) -> dict[str, Any]:
-    contract, action = services.action_canonical(payload.tool, payload.arguments)
+    contract, action = action_canonical(payload.tool, payload.arguments)
     prior = []
     if payload.run_id is not None:
         prior = [
@@ -1298,7 +1306,7 @@ def canonicalize_action(request: HttpRequest, payload: CanonicalizeIn) -> dict[s
                 "decided_at": p.decided_at,
                 "decided_by": p.decided_by,
             }
-            for p in selectors.prior_rejections(
+            for p in prior_rejections(
                 tenant=runtime_key_of(request).tenant,
                 run_id=payload.run_id,
                 action_digest=action.digest,
@@ -1345,7 +1353,7 @@ AUDIT_EXPORT_CHAIN_LIMIT = 10_000
 )
 def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHttpResponse:
     tenant = runtime_key_of(request).tenant
-    through = services.audit_chain_extend(tenant_id=tenant.pk, limit=AUDIT_EXPORT_CHAIN_LIMIT)
+    through = audit_chain_extend(tenant_id=tenant.pk, limit=AUDIT_EXPORT_CHAIN_LIMIT)
     since = query.since
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
@@ -1356,14 +1364,14 @@ def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHtt
         raise InputError(
             "out_of_range", "since: the time is outside the years 1 to 9999 in UTC.", "since"
         ) from None
-    filters = selectors.AuditFilter(
+    filters = AuditFilter(
         kind=query.kind,
         occurrence_id=query.occurrence,
         fingerprint=query.fingerprint,
         execution_id=query.execution,
         since=since,
     )
-    chunks = selectors.audit_export(
+    chunks = audit_export(
         tenant=tenant, after=query.after, through=through, filters=filters, limit=query.limit
     )
     return StreamingHttpResponse(chunks, content_type="application/x-ndjson")
@@ -1375,7 +1383,7 @@ def audit_events(request: HttpRequest, query: Query[AuditQuery]) -> StreamingHtt
     summary="The newest cursor: start reading from now on without reading from 0",
 )
 def audit_events_cursor(request: HttpRequest) -> dict[str, int]:
-    return {"cursor": selectors.audit_cursor_latest(tenant=runtime_key_of(request).tenant)}
+    return {"cursor": audit_cursor_latest(tenant=runtime_key_of(request).tenant)}
 
 
 # A batch may be larger than the API's other bodies; the limit is checked on the
@@ -1514,7 +1522,7 @@ def _audit_field(name: str, value: Any) -> Any:
     return value
 
 
-def _audit_line_in(number: int, raw: bytes) -> services.AuditLine:
+def _audit_line_in(number: int, raw: bytes) -> AuditLine:
     try:
         payload = parse_json(raw)
     except InputError as exc:
@@ -1528,7 +1536,7 @@ def _audit_line_in(number: int, raw: bytes) -> services.AuditLine:
         if required and name not in payload:
             raise _LineRefused(name, "missing_field", f"{name} is missing.")
     values = {name: _audit_field(name, payload.get(name)) for name in _AUDIT_LINE_FIELDS}
-    return services.AuditLine(
+    return AuditLine(
         line=number,
         event_id=values["event_id"],
         kind=values["kind"],
@@ -1599,7 +1607,7 @@ def audit_ingest(request: HttpRequest) -> HttpResponse | dict[str, int]:
     raw = _ndjson_body(request)
     if isinstance(raw, HttpResponse):
         return raw
-    lines: list[services.AuditLine] = []
+    lines: list[AuditLine] = []
     refused: list[dict[str, Any]] = []
     for number, text in enumerate(raw.split(b"\n"), start=1):
         text = text.removesuffix(b"\r")
@@ -1621,7 +1629,7 @@ def audit_ingest(request: HttpRequest) -> HttpResponse | dict[str, int]:
         return error_response(
             "empty_body", "The body is empty; send one JSON object per line.", 400
         )
-    ingestion = services.audit_ingest(runtime_key=runtime_key_of(request), lines=lines)
+    ingestion = ingest.audit_ingest(runtime_key=runtime_key_of(request), lines=lines)
     return {
         "received": ingestion.received,
         "new": ingestion.new,

@@ -22,3 +22,17 @@ class InputError(Exception):
         self.message = message
         self.field = field
         self.details = details or []
+
+
+class ServiceError(Exception):
+    """A refused state change: a stable code, a message for people, an HTTP status, and
+    ``details``: the refusal's facts as fields (a rejection's ``reason``), for programs."""
+
+    def __init__(
+        self, code: str, message: str, status: int = 409, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.details = details

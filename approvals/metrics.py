@@ -41,7 +41,7 @@ from approvals.models import EFFECT_NOT_SENT, AuditEvent, Command, Occurrence
 from approvals.vocabulary import AuditKind
 
 if TYPE_CHECKING:
-    from approvals.services import ClaimResult
+    from approvals.claims.claim import ClaimResult
 
 # This process's own metrics. In multiprocess mode their values live in files instead,
 # and a scrape reads the files (``exposition``).

@@ -36,6 +36,7 @@ from approvals.models import (
     Proposal,
     ToolContract,
 )
+from approvals.reviews.selectors import approval_state, effective_approval_state
 from approvals.selectors import (
     DELIVERED,
     HISTORY_PAGE,
@@ -48,8 +49,6 @@ from approvals.selectors import (
     InboxFreshness,
     PanelState,
     ReviewSnapshot,
-    approval_state,
-    effective_approval_state,
     tenant_members,
 )
 from approvals.vocabulary import AuditKind, ClaimDecision, is_refused_use

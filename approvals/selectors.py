@@ -2,649 +2,45 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import (
     Case,
     Count,
-    Exists,
     F,
     Max,
     Min,
     OuterRef,
     Prefetch,
-    Q,
     QuerySet,
     Subquery,
     Value,
     When,
 )
 from django.utils import timezone
-from psycopg import IsolationLevel
 
 from approvals import vocabulary
 from approvals.compiled import Compiled, Param, ParamArray, ParamList, literals, prefetched
 from approvals.models import (
-    AUDIT_CHAIN_GENESIS,
     Approval,
     ApprovalVote,
-    AuditChainHead,
-    AuditDuplicateDelivery,
     AuditEvent,
     Command,
-    Epoch,
     Membership,
     Occurrence,
     Proposal,
-    RetiredToken,
     Tenant,
     ToolContract,
-    stored_time_text,
 )
+from approvals.reviews.selectors import approval_state, current_approval, current_proposal
 from approvals.vocabulary import AuditKind, ClaimDecision
-
-
-def parse_uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        return None
-
-
-def effective_approval_state(state: str, expires_at: datetime | None, now: datetime) -> str:
-    """The state a person or runtime should see: an issued approval past its expiry is
-    expired even before anything writes that down (``now == expires_at`` is expired)."""
-    if state == Approval.State.ISSUED and expires_at is not None and expires_at <= now:
-        return Approval.State.EXPIRED
-    return state
-
-
-def approval_state(approval: Approval, now: datetime | None = None) -> str:
-    return effective_approval_state(approval.state, approval.expires_at, now or timezone.now())
-
-
-@contextlib.contextmanager
-def snapshot() -> Iterator[None]:
-    """Reads inside see the database as of one moment.
-
-    A read of an occurrence with its approvals, commands and epochs is several queries; at
-    PostgreSQL's default isolation each sees what had committed when it began, so a decision
-    committing between two of them would give an answer that never existed (status
-    ``pending_review`` beside an issued approval). Here they share one REPEATABLE READ
-    snapshot, read-only. SQLite's transaction is a snapshot already. Inside a transaction
-    that has begun (a service's, a test's) the reads keep that transaction's isolation."""
-    if connection.in_atomic_block:
-        yield
-        return
-    if connection.vendor != "postgresql":
-        with transaction.atomic():
-            yield
-        return
-    # psycopg begins the transaction with its isolation level and access mode ("BEGIN
-    # ISOLATION LEVEL REPEATABLE READ READ ONLY"): one round trip, not a BEGIN and a SET.
-    connection.ensure_connection()
-    raw = connection.connection
-    level, read_only = raw.isolation_level, raw.read_only
-    raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
-    try:
-        with transaction.atomic():
-            yield
-    finally:
-        if not raw.closed:
-            raw.isolation_level, raw.read_only = level, read_only
-
-
-def occurrence_detail_queryset() -> QuerySet[Occurrence]:
-    return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
-        Prefetch(
-            "proposals", queryset=Proposal.objects.select_related("edited_by").order_by("version")
-        ),
-        Prefetch("approvals", queryset=Approval.objects.select_related("approver", "proposal")),
-        Prefetch("commands", queryset=Command.objects.order_by("created_at")),
-        Prefetch("epochs", queryset=Epoch.objects.order_by("number")),
-    )
-
-
-def occurrence_get_for_tenant(*, tenant: Tenant, occurrence_id: str) -> Occurrence | None:
-    pk = parse_uuid(occurrence_id)
-    if pk is None:
-        return None
-    with snapshot():
-        return occurrence_detail_queryset().filter(tenant=tenant, pk=pk).first()
-
-
-def occurrence_lookup(*, tenant: Tenant, run_id: str, client_ref: str) -> Occurrence | None:
-    """The tenant's occurrence proposed with this ``client_ref`` in this run, if any."""
-    with snapshot():
-        return (
-            occurrence_detail_queryset()
-            .filter(tenant=tenant, run_id=run_id, client_ref=client_ref)
-            .exclude(client_ref="")
-            .first()
-        )
-
-
-# Prior decisions listed in a proposal's answer: the newest ones.
-PRIOR_DECISIONS_LIMIT = 20
-
-
-@dataclass(frozen=True)
-class PriorDecision:
-    """An earlier occurrence of the same run, with the same action, that was rejected."""
-
-    occurrence_id: uuid.UUID
-    decision: str  # EventDecision.REJECTED, the one decision listed so far
-    reason: str
-    decided_at: datetime | None
-    decided_by: str  # the reviewer's username, or "policy"
-
-
-def prior_rejections(
-    *,
-    tenant: Tenant | int,
-    run_id: str,
-    action_digest: str,
-    exclude: uuid.UUID | None = None,
-    limit: int = PRIOR_DECISIONS_LIMIT,
-) -> list[PriorDecision]:
-    """Rejected occurrences of the run whose action (any version of it) had this digest,
-    newest decision first."""
-    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    rejected = (
-        Occurrence.objects.filter(
-            tenant_id=tenant_id, run_id=run_id, status=Occurrence.Status.REJECTED
-        )
-        .filter(
-            Exists(
-                Proposal.objects.filter(occurrence_id=OuterRef("pk"), action_digest=action_digest)
-            )
-        )
-        .annotate(
-            decided_by=Subquery(
-                AuditEvent.objects.filter(
-                    occurrence_id=OuterRef("pk"), kind=AuditKind.OCCURRENCE_REJECTED
-                )
-                .order_by("-id")
-                .values("actor")[:1]
-            )
-        )
-        .order_by(F("decided_at").desc(nulls_last=True), "-created_at")
-    )
-    if exclude is not None:
-        rejected = rejected.exclude(pk=exclude)
-    return [
-        PriorDecision(
-            occurrence_id=row["pk"],
-            decision=vocabulary.EventDecision.REJECTED,
-            reason=row["rejection_reason"],
-            decided_at=row["decided_at"],
-            decided_by=row["decided_by"] or "",
-        )
-        for row in rejected.values("pk", "rejection_reason", "decided_at", "decided_by")[:limit]
-    ]
-
-
-def current_proposal(occurrence: Occurrence) -> Proposal:
-    """The current version, from the prefetched proposals."""
-    return next(p for p in occurrence.proposals.all() if p.is_current)
-
-
-def current_approval(occurrence: Occurrence) -> Approval | None:
-    """The approval of the current version, from the prefetched approvals."""
-    proposal = current_proposal(occurrence)
-    return next((a for a in occurrence.approvals.all() if a.proposal_id == proposal.pk), None)
-
-
-def audit_events_after(*, tenant: Tenant, after: int = 0) -> Iterator[AuditEvent]:
-    return (
-        AuditEvent.objects.filter(tenant=tenant, id__gt=after)
-        .order_by("id")
-        .iterator(chunk_size=500)
-    )
-
-
-# --- the audit trail: export, cursor, chain, duplicate deliveries --------------------------
-
-# Advisory lock keys from 2^62 up are the open audit writers' (migration 0008): each is
-# 2^62 + the largest audit event id drawn when the transaction wrote its first event.
-AUDIT_WRITER_KEY_BASE = 2**62
-
-
-def audit_watermark() -> int:
-    """The audit event id up to which the trail is settled: every event with this id or a
-    lower one has committed (and is visible to a query started after this call) or never
-    will. Serving only ids up to it is what lets a cursor never skip an event.
-
-    Ids come from a sequence, so two transactions can commit them out of order: id 100 can
-    commit after id 101 is already visible, and a reader that had moved its cursor past 101
-    would never see 100. On PostgreSQL each transaction that writes audit events holds a
-    shared advisory lock keyed by the largest id drawn before its first event (migration
-    0008); this reads the sequence's last value and then the smallest key of the other
-    open writers (the caller's own transaction excluded: its events are visible to it).
-    SQLite admits one writer at a time, so its ids commit in order."""
-    if connection.vendor != "postgresql":
-        last: int | None = AuditEvent.objects.aggregate(last=Max("id"))["last"]
-        return last or 0
-    table = AuditEvent._meta.db_table
-    with connection.cursor() as cursor:
-        # The order of these two reads matters: a writer whose lock the second misses drew
-        # its ids after the first.
-        cursor.execute(
-            "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclass),"
-            " 0)",
-            [table],
-        )
-        drawn: int = cursor.fetchone()[0]
-        cursor.execute(
-            """
-            SELECT min(((l.classid::bigint << 32) | l.objid::bigint) - %s)
-              FROM pg_locks l
-             WHERE l.locktype = 'advisory' AND l.objsubid = 1
-               AND l.classid::bigint >= %s
-               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND l.pid IS DISTINCT FROM pg_backend_pid()
-            """,
-            [AUDIT_WRITER_KEY_BASE, AUDIT_WRITER_KEY_BASE >> 32],
-        )
-        oldest_open: int | None = cursor.fetchone()[0]
-    return drawn if oldest_open is None else min(drawn, oldest_open)
-
-
-def audit_cursor_latest(*, tenant: Tenant) -> int:
-    """The newest cursor a client can start from without missing anything written later:
-    the tenant's newest settled event id (0 when there is none)."""
-    settled = audit_watermark()
-    last: int | None = AuditEvent.objects.filter(tenant=tenant, id__lte=settled).aggregate(
-        last=Max("id")
-    )["last"]
-    return last or 0
-
-
-@dataclass(frozen=True)
-class AuditFilter:
-    """The export's filters; ``kind`` is exact, or a prefix when it ends in ``*``."""
-
-    kind: str | None = None
-    occurrence_id: uuid.UUID | None = None
-    fingerprint: str | None = None
-    execution_id: str | None = None
-    since: datetime | None = None
-
-    @property
-    def kind_prefix(self) -> str | None:
-        return self.kind[:-1] if self.kind is not None and self.kind.endswith("*") else None
-
-
-def audit_event_line(event: AuditEvent) -> str:
-    """One line of the export, as ``GET /api/v1/audit/events`` has always written it (plus
-    the chain and ingestion keys). ``_AUDIT_LINE_SQL`` writes the same on PostgreSQL."""
-    return (
-        json.dumps(
-            {
-                "cursor": event.id,
-                "event_id": str(event.event_id),
-                "kind": event.kind,
-                "occurrence_id": str(event.occurrence_id) if event.occurrence_id else None,
-                "actor": event.actor,
-                "token_fingerprint": event.token_fingerprint or None,
-                "decision": event.decision or None,
-                "reason_code": event.reason_code or None,
-                "execution_id": event.execution_id or None,
-                "message_id": event.message_id or None,
-                "command_id": str(event.command_id) if event.command_id else None,
-                "trace_id": event.trace_id or None,
-                "source_time": stored_time_text(event.source_time) or event.source_time.isoformat(),
-                "ingested_at": event.ingested_at.isoformat(),
-                "data": event.data,
-                "ingestion_id": event.ingestion_id,
-                "chain_seq": event.chain_seq,
-                "hash": event.hash,
-                "prev_hash": event.prev_hash,
-            },
-            sort_keys=True,
-        )
-        + "\n"
-    )
-
-
-def _sql_time(column: str) -> str:
-    # datetime.isoformat() of a UTC datetime: no fraction when the microseconds are 0. A
-    # time outside the years 1-9999 (in UTC) is written as stored_time_text writes it.
-    return (
-        f"CASE WHEN {column} < '0001-01-01 00:00:00+00' OR {column} >= '10000-01-01 00:00:00+00'"
-        f" THEN {column}::text ELSE"
-        f" replace(to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'),"
-        f" '.000000', '') || '+00:00' END"
-    )
-
-
-def _sql_text_or_null(column: str) -> str:
-    return f"coalesce(to_json(nullif({column}, ''))::text, 'null')"
-
-
-# The line of ``audit_event_line``, written by PostgreSQL: the same keys in the same order
-# with the same separators, the same values. Two spellings differ and read back equal as
-# JSON: non-ASCII characters are written as UTF-8 rather than \u escapes, and the keys
-# inside "data" come in jsonb's order rather than sorted.
-_AUDIT_LINE_SQL = f"""concat(
-    '{{"actor": ', to_json(e.actor::text),
-    ', "chain_seq": ', coalesce(e.chain_seq::text, 'null'),
-    ', "command_id": ', coalesce('"' || e.command_id::text || '"', 'null'),
-    ', "cursor": ', e.id,
-    ', "data": ', e.data,
-    ', "decision": ', {_sql_text_or_null("e.decision")},
-    ', "event_id": "', e.event_id, '"',
-    ', "execution_id": ', {_sql_text_or_null("e.execution_id")},
-    ', "hash": ', coalesce(to_json(e.hash::text)::text, 'null'),
-    ', "ingested_at": "', {_sql_time("e.ingested_at")}, '"',
-    ', "ingestion_id": ', coalesce(e.ingestion_id::text, 'null'),
-    ', "kind": ', to_json(e.kind::text),
-    ', "message_id": ', {_sql_text_or_null("e.message_id")},
-    ', "occurrence_id": ', coalesce('"' || e.occurrence_id::text || '"', 'null'),
-    ', "prev_hash": ', coalesce(to_json(e.prev_hash::text)::text, 'null'),
-    ', "reason_code": ', {_sql_text_or_null("e.reason_code")},
-    ', "source_time": "', {_sql_time("e.source_time")}, '"',
-    ', "token_fingerprint": ', {_sql_text_or_null("e.token_fingerprint")},
-    ', "trace_id": ', {_sql_text_or_null("e.trace_id")},
-    E'}}\\n')"""
-
-# Lines per query of the PostgreSQL export: a few MB of text at a time.
-AUDIT_EXPORT_PAGE = 5000
-
-
-def audit_export(
-    *,
-    tenant: Tenant,
-    after: int,
-    through: int,
-    filters: AuditFilter | None = None,
-    limit: int | None = None,
-) -> Iterator[str]:
-    """The tenant's events with ``after < id <= through`` that match ``filters``, in id
-    order, as NDJSON text in chunks; at most ``limit`` events.
-
-    On PostgreSQL the database writes the lines itself, a page of ``AUDIT_EXPORT_PAGE``
-    at a time (keyset by id), so the export runs near the speed of ``COPY`` in constant
-    memory; elsewhere Django reads the rows and ``audit_event_line`` writes them."""
-    filters = filters or AuditFilter()
-    if connection.vendor == "postgresql":
-        return _audit_export_sql(tenant.pk, after, through, filters, limit)
-    return _audit_export_orm(tenant, after, through, filters, limit)
-
-
-def _audit_export_sql(
-    tenant_id: int, after: int, through: int, filters: AuditFilter, limit: int | None
-) -> Iterator[str]:
-    conditions = ["e.tenant_id = %s", "e.id > %s", "e.id <= %s"]
-    values: list[Any] = []
-    if filters.kind_prefix is not None:
-        escaped = filters.kind_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        conditions.append("e.kind LIKE %s")
-        values.append(escaped + "%")
-    elif filters.kind is not None:
-        conditions.append("e.kind = %s")
-        values.append(filters.kind)
-    if filters.occurrence_id is not None:
-        conditions.append("e.occurrence_id = %s")
-        values.append(filters.occurrence_id)
-    if filters.fingerprint is not None:
-        conditions.append("e.token_fingerprint = %s")
-        values.append(filters.fingerprint)
-    if filters.execution_id is not None:
-        conditions.append("e.execution_id = %s")
-        values.append(filters.execution_id)
-    if filters.since is not None:
-        conditions.append("e.source_time >= %s")
-        values.append(filters.since)
-    # Only constant fragments are joined here; every value is a query parameter.
-    sql = f"""
-        SELECT count(*), max(page.id), string_agg(page.line, '' ORDER BY page.id)
-          FROM (SELECT e.id, {_AUDIT_LINE_SQL} AS line
-                  FROM {AuditEvent._meta.db_table} e
-                 WHERE {" AND ".join(conditions)}
-                 ORDER BY e.id
-                 LIMIT %s) page
-    """  # noqa: S608
-    remaining = limit
-    while remaining is None or remaining > 0:
-        size = AUDIT_EXPORT_PAGE if remaining is None else min(AUDIT_EXPORT_PAGE, remaining)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [tenant_id, after, through, *values, size])
-            count, last, text = cursor.fetchone()
-        if not count:
-            return
-        yield text
-        if count < size:
-            return
-        after = last
-        if remaining is not None:
-            remaining -= count
-
-
-def _audit_export_orm(
-    tenant: Tenant, after: int, through: int, filters: AuditFilter, limit: int | None
-) -> Iterator[str]:
-    events = AuditEvent.objects.filter(tenant=tenant, id__gt=after, id__lte=through)
-    if filters.kind_prefix is not None:
-        events = events.filter(kind__startswith=filters.kind_prefix)
-    elif filters.kind is not None:
-        events = events.filter(kind=filters.kind)
-    if filters.occurrence_id is not None:
-        events = events.filter(occurrence_id=filters.occurrence_id)
-    if filters.fingerprint is not None:
-        events = events.filter(token_fingerprint=filters.fingerprint)
-    if filters.execution_id is not None:
-        events = events.filter(execution_id=filters.execution_id)
-    if filters.since is not None:
-        events = events.filter(source_time__gte=filters.since)
-    events = events.order_by("id")
-    if limit is not None:
-        events = events[:limit]
-    chunk: list[str] = []
-    for event in events.iterator(chunk_size=500):
-        chunk.append(audit_event_line(event))
-        if len(chunk) == 500:
-            yield "".join(chunk)
-            chunk = []
-    if chunk:
-        yield "".join(chunk)
-
-
-def audit_tenants_unchained() -> list[int]:
-    """Ids of the tenants that have audit events not chained yet."""
-    return list(
-        AuditEvent.objects.filter(chain_seq__isnull=True)
-        .order_by()
-        .values_list("tenant_id", flat=True)
-        .distinct()
-    )
-
-
-def audit_duplicate_deliveries(
-    tenant: Tenant, event_id: uuid.UUID | str | None = None
-) -> QuerySet[AuditDuplicateDelivery]:
-    """Producer events ingested more than once: each row is one later delivery of an event
-    the console had already stored, oldest first.
-
-    ``row.event_id`` is the producer's event id; ``row.ingestion`` (its id and
-    ``received_at``) the batch that brought it again, ``row.line`` its line there and
-    ``row.payload`` the line as sent (``row.same_payload``: whether it says what the stored
-    event says). ``row.original`` is the event as stored: its ``ingestion_id`` and
-    ``ingested_at`` are those of the first delivery. A producer event id with rows here is
-    a duplicated audit delivery; the event itself happened once."""
-    deliveries = AuditDuplicateDelivery.objects.filter(tenant=tenant).select_related(
-        "ingestion", "original"
-    )
-    if event_id is not None:
-        deliveries = deliveries.filter(event_id=event_id)
-    return deliveries.order_by("id")
-
-
-# --- verifying the chain ----------------------------------------------------------------
-
-# An event still unchained this long after it was written is reported: the chain
-# extension runs every few seconds.
-AUDIT_UNCHAINED_GRACE = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class ChainProblem:
-    """The first thing wrong with a tenant's chain, and the event it names."""
-
-    kind: Literal["edited", "deleted", "inserted", "unchained"]
-    event_pk: int | None
-    message: str
-
-
-@dataclass(frozen=True)
-class ChainReport:
-    tenant: Tenant
-    chained: int
-    head_hash: str
-    unchained: int
-    problem: ChainProblem | None
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
-
-
-def _named(event: AuditEvent) -> str:
-    seq = f", chain_seq {event.chain_seq}" if event.chain_seq is not None else ""
-    return f"event #{event.pk} ({event.kind}, event_id {event.event_id}{seq})"
-
-
-def audit_chain_verify(*, tenant: Tenant, now: datetime | None = None) -> ChainReport:
-    """Walk the tenant's chain in ``chain_seq`` order and report the first event that was
-    edited (its hash does not match its content), deleted (a gap in ``chain_seq``, or the
-    chain ends before its head), or inserted (an event whose ``prev_hash`` is not its
-    predecessor's hash, one chained beyond the head, or an unchained event with an id the
-    chain already covers). An event unchained for longer than ``AUDIT_UNCHAINED_GRACE``
-    is reported as ``unchained``. Reads in constant memory."""
-    now = now or timezone.now()
-    head = AuditChainHead.objects.filter(tenant=tenant).first()
-    chained = 0
-    prev_hash = AUDIT_CHAIN_GENESIS
-    prev: AuditEvent | None = None
-    problem: ChainProblem | None = None
-    walk = AuditEvent.objects.filter(tenant=tenant, chain_seq__isnull=False).order_by("chain_seq")
-    for event in walk.iterator(chunk_size=2000):
-        problem = _link_problem(event, prev, chained + 1, prev_hash)
-        if problem is not None:
-            break
-        chained += 1
-        prev_hash = event.hash or ""
-        prev = event
-    head_seq = head.seq if head is not None else 0
-    if problem is None and head is None and chained:
-        problem = ChainProblem(
-            "deleted",
-            None,
-            f"{chained} events are chained but the chain's head (its newest link, kept apart"
-            " from the events) was deleted",
-        )
-    elif problem is None and head_seq > chained:
-        problem = ChainProblem(
-            "deleted",
-            None,
-            f"the chain ends at chain_seq {chained} but its head records chain_seq {head_seq}:"
-            f" the newest {head_seq - chained} event(s) of the chain were deleted",
-        )
-    elif problem is None and head is not None and head_seq == chained and head.hash != prev_hash:
-        problem = ChainProblem(
-            "edited",
-            prev.pk if prev is not None else None,
-            f"the head of the chain records hash {head.hash[:16]}… for chain_seq {head_seq}"
-            f" but {_named(prev) if prev else 'the chain'} has {prev_hash[:16]}…",
-        )
-    elif problem is None and head_seq < chained:
-        problem = ChainProblem(
-            "inserted",
-            prev.pk if prev is not None else None,
-            f"events chained beyond the head (chain_seq {head_seq + 1} to {chained}), the last"
-            f" {_named(prev) if prev else ''}: inserted with forged chain columns",
-        )
-    unchained = AuditEvent.objects.filter(tenant=tenant, chain_seq__isnull=True)
-    if problem is None and head is not None:
-        behind = unchained.filter(id__lte=head.chained_through).order_by("id").first()
-        if behind is not None:
-            problem = ChainProblem(
-                "inserted",
-                behind.pk,
-                f"{_named(behind)} is not chained although the chain covers every event up to"
-                f" #{head.chained_through}: it was inserted afterwards with an old id",
-            )
-    if problem is None:
-        stale = unchained.filter(ingested_at__lt=now - AUDIT_UNCHAINED_GRACE).order_by("id")
-        late = stale.first()
-        if late is not None:
-            problem = ChainProblem(
-                "unchained",
-                late.pk,
-                f"{_named(late)}, written at {late.ingested_at.isoformat()}, is still not"
-                " chained: inserted outside the console, or a transaction that writes audit"
-                " events has been open since then (the chain waits for it), or the chain"
-                " extension (approvals.tasks.audit_chain_extend_all) is not running",
-            )
-    return ChainReport(
-        tenant=tenant,
-        chained=chained,
-        head_hash=prev_hash,
-        unchained=unchained.count(),
-        problem=problem,
-    )
-
-
-def _link_problem(
-    event: AuditEvent, prev: AuditEvent | None, expected_seq: int, prev_hash: str
-) -> ChainProblem | None:
-    after = f"event #{prev.pk}" if prev is not None else "the start of the chain"
-    if event.chain_seq != expected_seq:
-        missing = (
-            f"chain_seq {expected_seq}"
-            if event.chain_seq == expected_seq + 1
-            else f"chain_seq {expected_seq} to {(event.chain_seq or 0) - 1}"
-        )
-        return ChainProblem(
-            "deleted",
-            event.pk,
-            f"{missing} missing between {after} and {_named(event)}: deleted",
-        )
-    computed = event.chain_hash(chain_seq=expected_seq, prev_hash=event.prev_hash or "")
-    if computed != event.hash:
-        return ChainProblem(
-            "edited",
-            event.pk,
-            f"{_named(event)} was edited: its content no longer hashes to its stored hash"
-            f" ({(event.hash or '')[:16]}… stored, {computed[:16]}… now)",
-        )
-    if event.prev_hash != prev_hash:
-        return ChainProblem(
-            "inserted",
-            event.pk,
-            f"{_named(event)} does not follow {after}: its prev_hash is not that event's hash,"
-            " so an event was inserted (or replaced) here",
-        )
-    if prev is not None and event.pk <= prev.pk:
-        return ChainProblem(
-            "inserted",
-            event.pk,
-            f"{_named(event)} is chained after {after}, which has a higher id: inserted",
-        )
-    return None
-
-
-# --- the reviewer console ---------------------------------------------------------------
 
 # Roles that may open the console: reviewers decide, admins revoke.
 CONSOLE_ROLES = (Membership.Role.REVIEWER, Membership.Role.ADMIN)
@@ -704,6 +100,8 @@ def console_memberships(user: Any) -> list[Membership]:
 _TOOL_IDS = Compiled[tuple[str, int]](
     lambda: ToolContract.objects.order_by("name").values_list("name", "id")
 )
+
+
 _INBOX_TOOLS = Compiled[ToolContract](
     lambda: ToolContract.objects.defer("json_schema", "description").order_by("name")
 )
@@ -800,6 +198,8 @@ _INBOX_TOTAL = Compiled[tuple[int, datetime | None]](
         last_change=Max("updated_at"),
     )
 )
+
+
 _INBOX_LAST_EVENT = Compiled[tuple[int | None]](
     lambda tenant_ids, by_tool, by_status, offset, limit: _summary(
         AuditEvent.objects.filter(
@@ -808,17 +208,25 @@ _INBOX_LAST_EVENT = Compiled[tuple[int | None]](
         last=Max("id"),
     )
 )
+
+
 _INBOX_PAGE = Compiled[Occurrence](
     lambda tenant_ids, by_tool, by_status, offset, limit: _inbox_filtered(
         tenant_ids, by_tool, by_status
     ).filter(pk__in=_page_ids(tenant_ids, by_tool, by_status, offset, limit))
 )
+
+
 _PAGE_OCCURRENCES = ParamArray("occurrences", Occurrence._meta.pk)
+
+
 _INBOX_PROPOSALS = Compiled[Proposal](
     lambda: Proposal.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, is_current=True).annotate(
         votes_count=Count("votes")
     )
 )
+
+
 _INBOX_APPROVALS = Compiled[Approval](
     lambda: Approval.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, proposal__is_current=True)
 )
@@ -940,11 +348,6 @@ class Freshness:
         )
 
 
-# The review page's and its poll's querysets are built once per process and cloned by each
-# request (``.filter()`` copies, the built one is never evaluated): resolving their dozen
-# subqueries cost a page more than running them.
-
-
 @functools.cache
 def _freshness_queryset() -> QuerySet[Occurrence]:
     return Occurrence.objects.only("tenant_id", "status", "updated_at").annotate(
@@ -1027,13 +430,21 @@ def _one_of_tenants(queryset: QuerySet[Occurrence], tenant_ids: int) -> QuerySet
 
 # ``review_queryset``'s four statements, compiled once per process (approvals.compiled).
 _OCCURRENCE_PK = Occurrence._meta.pk
+
+
 _REVIEW = Compiled[Occurrence](lambda tenant_ids: _one_of_tenants(_review_base(), tenant_ids))
+
+
 _REVIEW_PROPOSALS = Compiled[Proposal](
     lambda: _review_proposals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
 )
+
+
 _REVIEW_VOTES = Compiled[ApprovalVote](
     lambda: _review_votes().filter(proposal__occurrence_id=Param("pk", _OCCURRENCE_PK))
 )
+
+
 _REVIEW_APPROVALS = Compiled[Approval](
     lambda: _review_approvals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
 )
@@ -1160,12 +571,18 @@ def _events_of() -> QuerySet[AuditEvent]:
 
 
 _HISTORY_NEWEST = Compiled[AuditEvent](lambda limit: _events_of().order_by("-id")[:limit])
+
+
 _HISTORY_BEFORE = Compiled[AuditEvent](
     lambda limit: _events_of().filter(id__lt=Param("id", _EVENT_PK)).order_by("-id")[:limit]
 )
+
+
 _HISTORY_AFTER = Compiled[AuditEvent](
     lambda limit: _events_of().filter(id__gt=Param("id", _EVENT_PK)).order_by("id")[:limit]
 )
+
+
 # How many events precede one: a row with the count (none when none do).
 _HISTORY_EARLIER = Compiled[int](
     lambda: (
@@ -1199,6 +616,8 @@ _REJECTED_BY = Compiled[str](
 
 # How many executions the evidence line names; it counts the others.
 EVIDENCE_NAMES = 10
+
+
 # Claims that handed out the command: the first one, and redeliveries to the same execution.
 DELIVERED = vocabulary.ADMITTING
 
@@ -1314,8 +733,14 @@ def _pk(event: AuditEvent) -> int:
 # tally per process under (occurrence, number of events, newest event); the first page
 # after a new event counts again.
 TALLY_CACHE_MIN_EVENTS = 500
+
+
 TALLY_CACHE_SIZE = 256
+
+
 _tallies: OrderedDict[tuple[uuid.UUID, int, int | None], ClaimTally] = OrderedDict()
+
+
 _tallies_lock = threading.Lock()
 
 
@@ -1341,6 +766,8 @@ def claim_tally_of_history(
 
 
 _TENANT_PK = Tenant._meta.pk
+
+
 _REVIEWER_NAMES = Compiled[str](
     lambda: (
         Membership.objects.filter(
@@ -1350,6 +777,8 @@ _REVIEWER_NAMES = Compiled[str](
         .values_list("user__username", flat=True)
     )
 )
+
+
 _MEMBERS = Compiled[tuple[str, str]](
     lambda: (
         Membership.objects.filter(tenant_id=Param("tenant", _TENANT_PK))
@@ -1587,10 +1016,3 @@ def review_snapshot(
             else None
         ),
     )
-
-
-def approvals_with_fingerprint(fingerprint: str) -> QuerySet[Approval]:
-    """The approvals a token fingerprint names: the current token's, or one a re-delivery
-    retired (a fingerprint seen in an old log line still names its approval)."""
-    retired = RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id")
-    return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))

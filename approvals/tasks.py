@@ -1,4 +1,5 @@
-"""Celery tasks of the authority app. A task only decides which service to call."""
+"""Celery tasks of the authority app. A task only decides which service to call. The
+callbacks' tasks are in ``approvals.callbacks.tasks``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import structlog
 from celery import shared_task
 from django.db import DatabaseError
 
-from approvals import callbacks, selectors, services
+from approvals.audit.chain import audit_chain_extend, audit_tenants_unchained
+from approvals.reviews import expiry
 
 log = structlog.get_logger("approvals")
 
@@ -20,10 +22,10 @@ def audit_chain_extend_all() -> int:
     A tenant whose chain cannot be extended (its chain was tampered with: a forged
     ``chain_seq`` is in the way) is logged and left for ``verify_audit_chain`` to name;
     the other tenants are chained all the same."""
-    tenant_ids = selectors.audit_tenants_unchained()
+    tenant_ids = audit_tenants_unchained()
     for tenant_id in tenant_ids:
         try:
-            services.audit_chain_extend(tenant_id=tenant_id)
+            audit_chain_extend(tenant_id=tenant_id)
         except DatabaseError as exc:
             log.error("audit.chain_extend_failed", tenant_id=tenant_id, error=str(exc))
     return len(tenant_ids)
@@ -40,23 +42,8 @@ def approvals_expire() -> int:
     that the inbox's filters and counts agree with its badges. Returns how many."""
     expired = 0
     for _ in range(EXPIRE_BATCHES_PER_RUN):
-        batch = services.approvals_expire()
+        batch = expiry.approvals_expire()
         expired += batch
-        if batch < services.EXPIRE_BATCH:
+        if batch < expiry.EXPIRE_BATCH:
             break
     return expired
-
-
-@shared_task(ignore_result=True)
-def callback_deliver(delivery_id: str) -> str:
-    """One attempt at pushing one decision to a runtime's callback URL."""
-    return callbacks.deliver(delivery_id)
-
-
-@shared_task(ignore_result=True)
-def callbacks_sweep() -> int:
-    """Push what was never pushed: deliveries whose task was lost (Celery beat)."""
-    due = callbacks.deliveries_due()
-    for delivery_id in due:
-        callbacks.deliver(delivery_id)
-    return len(due)

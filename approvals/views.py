@@ -26,9 +26,9 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 from django_htmx.middleware import HtmxDetails
 
-from approvals import presenters, selectors, services
+from approvals import presenters
 from approvals.canonical.parsing import parse_json
-from approvals.errors import InputError
+from approvals.errors import InputError, ServiceError
 from approvals.forms import (
     STATE_ALL,
     ApproveForm,
@@ -39,7 +39,25 @@ from approvals.forms import (
 )
 from approvals.models import Membership, Occurrence, Tenant
 from approvals.presenters import Notice, refusal
-from approvals.selectors import ConsoleAccess, PanelState
+from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
+from approvals.reviews.revocation import approval_revoke
+from approvals.reviews.selectors import current_proposal
+from approvals.selectors import (
+    ConsoleAccess,
+    HistoryCursor,
+    InboxFreshness,
+    InboxQuery,
+    PanelState,
+    console_access,
+    freshness_get,
+    inbox_last_event,
+    inbox_page,
+    inbox_tools,
+    inbox_total,
+    occurrence_decision,
+    review_get,
+    review_snapshot,
+)
 
 SESSION_TENANT = "console_tenant"
 INBOX_PAGE_SIZE = 25
@@ -135,8 +153,8 @@ def _open(
 ) -> Opened:
     """The one access check: another tenant's occurrence looks like no occurrence (404),
     and a missing ``role`` in its tenant is refused (403)."""
-    access = access or selectors.console_access(request.user)
-    occurrence = selectors.review_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
+    access = access or console_access(request.user)
+    occurrence = review_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
     if occurrence is None:
         raise Http404("No such request in your tenants.")
     if role == Membership.Role.REVIEWER and not access.is_reviewer(occurrence.tenant_id):
@@ -152,29 +170,29 @@ def _open(
 @require_GET
 @console_login_required
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
-    access = selectors.console_access(request.user)
+    access = console_access(request.user)
     scope = _scope(request, access)
-    contracts = selectors.inbox_tools()
+    contracts = inbox_tools()
     tools = {contract.name: contract.pk for contract in contracts.values()}
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
-    query = selectors.InboxQuery(
+    query = InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
         status="" if state == STATE_ALL else state,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
-    total, last_change = selectors.inbox_total(query)
+    total, last_change = inbox_total(query)
     # The paginator only numbers the pages (of ``total`` rows, just read for the stamp):
     # ``inbox_page`` reads the rows of the one shown.
     page = Paginator(range(total), INBOX_PAGE_SIZE).get_page(request.GET.get("page"))
     number = page.number
     offset = (number - 1) * INBOX_PAGE_SIZE
-    fresh = selectors.InboxFreshness(
+    fresh = InboxFreshness(
         total=total,
         last_change=last_change,
-        last_event_id=selectors.inbox_last_event(query, offset=offset, limit=INBOX_PAGE_SIZE),
+        last_event_id=inbox_last_event(query, offset=offset, limit=INBOX_PAGE_SIZE),
     )
     rendered = presenters.inbox_stamp(
         fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
@@ -183,7 +201,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         return HttpResponse(status=204)
 
     listing = presenters.inbox_list(
-        selectors.inbox_page(
+        inbox_page(
             query,
             offset=offset,
             limit=INBOX_PAGE_SIZE,
@@ -213,7 +231,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @console_login_required
 def switch_tenant(request: HtmxHttpRequest) -> HttpResponse:
-    access = selectors.console_access(request.user)
+    access = console_access(request.user)
     form = TenantSwitchForm(request.POST)
     form.is_valid()
     slug = form.cleaned_data.get("tenant", "")
@@ -236,8 +254,8 @@ def _panel(opened: Opened, shown_digest: str = "") -> presenters.DecisionPanel:
     # The window of the history the page (or its poll) asks for with ?before= or ?after=;
     # the answer to a decision, posted without either, shows the newest events.
     query = opened.request.GET
-    cursor = selectors.HistoryCursor.parse(query.get("before"), query.get("after"))
-    snapshot = selectors.review_snapshot(opened.occurrence, cursor=cursor)
+    cursor = HistoryCursor.parse(query.get("before"), query.get("after"))
+    snapshot = review_snapshot(opened.occurrence, cursor=cursor)
     return presenters.decision_panel(snapshot, opened.viewer, shown_digest=shown_digest)
 
 
@@ -315,8 +333,8 @@ def panel(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     """The decision panel alone; the page polls it while the state can still change.
 
     The stamp comes first, from one query: a poll that finds nothing new ends there."""
-    access = selectors.console_access(request.user)
-    fresh = selectors.freshness_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
+    access = console_access(request.user)
+    fresh = freshness_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
     if fresh is None:
         raise Http404("No such request in your tenants.")
     shown = request.GET.get("shown", "")
@@ -352,7 +370,7 @@ def _decided(
 def _stale(request: HtmxHttpRequest, opened: Opened, seen: str) -> HttpResponse:
     """The action changed under the reviewer: show the new version and what changed."""
     opened = opened.reload()
-    current = selectors.current_proposal(opened.occurrence)
+    current = current_proposal(opened.occurrence)
     notice = Notice(
         "warning",
         f"The action changed after you opened it: version {current.version} replaces the "
@@ -376,10 +394,10 @@ def approve(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         return HttpResponseBadRequest("Send the digest of the version you reviewed.")
     seen = form.cleaned_data["action_digest"]
     try:
-        outcome = services.occurrence_approve(
+        outcome = occurrence_approve(
             occurrence=opened.occurrence, reviewer=request.user, seen_digest=seen
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         if exc.code == "stale_digest":
             return _stale(request, opened, seen)
         if exc.code == "forbidden":
@@ -403,14 +421,14 @@ def reject(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     form = ReasonForm(request.POST)
     if form.is_valid():
         try:
-            services.occurrence_reject(
+            occurrence_reject(
                 occurrence=opened.occurrence,
                 reviewer=request.user,
                 reason=form.cleaned_data["reason"],
             )
         except InputError as exc:
             form.add_error("reason", exc.message)
-        except services.ServiceError as exc:
+        except ServiceError as exc:
             if exc.code == "forbidden":
                 raise PermissionDenied(exc.message) from exc
             return _decided(request, opened, refusal(exc.code, exc.message))
@@ -431,17 +449,17 @@ def revoke(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         if request.htmx:
             return _render_panel(opened, revoke_form=form)
         return _render_review(opened, revoke_form=form, status=422)
-    decision = selectors.occurrence_decision(opened.occurrence)
+    decision = occurrence_decision(opened.occurrence)
     revoked = False
     if decision.approval is not None and decision.state in {
         PanelState.ISSUED,
         PanelState.DELIVERED,
     }:
         try:
-            revoked = services.approval_revoke(
+            revoked = approval_revoke(
                 approval=decision.approval, admin=request.user, reason=form.cleaned_data["reason"]
             )
-        except services.ServiceError as exc:
+        except ServiceError as exc:
             raise PermissionDenied(exc.message) from exc
     if revoked:
         notice = Notice("success", "You revoked this approval.")
@@ -462,13 +480,13 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     seen = form.cleaned_data["action_digest"]
     try:
         arguments = parse_json(form.cleaned_data["arguments"].encode("utf-8"))
-        proposal = services.proposal_edit(
+        proposal = proposal_edit(
             occurrence=opened.occurrence, editor=request.user, arguments=arguments, seen_digest=seen
         )
     except InputError as exc:
         errors = presenters.input_errors(exc.details, exc.field, exc.message)
         return _render_review(opened, edit_form=form, edit_errors=errors, status=422)
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         if exc.code == "forbidden":
             raise PermissionDenied(exc.message) from exc
         opened = opened.reload()
@@ -476,7 +494,7 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
             # The edit section is gone once the request is decided: say it in the panel.
             notice = refusal(exc.code, exc.message)
             return _render_review(opened, edit_form=form, notice=notice, status=409)
-        current = selectors.current_proposal(opened.occurrence)
+        current = current_proposal(opened.occurrence)
         errors = [
             f"The action changed while you were editing it: version {current.version} is now "
             "current. Your text is kept below; check it against the new version before saving "

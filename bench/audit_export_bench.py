@@ -35,6 +35,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+from approvals.audit.chain import audit_chain_extend
+from approvals.audit.export import AuditFilter, _audit_export_orm, audit_watermark
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -45,7 +50,6 @@ from django.conf import settings
 from django.db import connection
 from django.test import Client
 
-from approvals import selectors, services
 from approvals.models import AuditEvent, Tenant
 
 TENANT_SLUG = "bench"
@@ -109,18 +113,18 @@ def prepare(events: int) -> tuple[Tenant, str, float | None, float | None]:
         raise StaleBenchDatabase
     seeded = None
     if tenant is None:
-        tenant = services.tenant_create(slug=TENANT_SLUG, name="Bench Shop")
-        other = services.tenant_create(slug=OTHER_SLUG, name="Another Shop")
+        tenant = tenant_create(slug=TENANT_SLUG, name="Bench Shop")
+        other = tenant_create(slug=OTHER_SLUG, name="Another Shop")
         seeded = seed(tenant.pk, other.pk, events)
     started = time.perf_counter()
     with secondary_indexes_dropped():
-        services.audit_chain_extend(tenant_id=tenant.pk)
+        audit_chain_extend(tenant_id=tenant.pk)
     chained = time.perf_counter() - started if seeded is not None else None
     with connection.cursor() as cursor:
         # The chain rewrote every row once; the export and the baseline read the same
         # (vacuumed) table.
         cursor.execute(f"VACUUM ANALYZE {AuditEvent._meta.db_table}")
-    _, raw_key = services.runtime_key_create(tenant=tenant, name=f"bench-{time.time_ns()}")
+    _, raw_key = runtime_key_create(tenant=tenant, name=f"bench-{time.time_ns()}")
     return tenant, raw_key, seeded, chained
 
 
@@ -260,10 +264,10 @@ def export(raw_key: str) -> Run:
 
 
 def python_export(tenant: Tenant) -> Run:
-    through = selectors.audit_watermark()
+    through = audit_watermark()
 
     def body() -> Iterable[str]:
-        return selectors._audit_export_orm(tenant, 0, through, selectors.AuditFilter(), None)
+        return _audit_export_orm(tenant, 0, through, AuditFilter(), None)
 
     return _consume("the same lines written by Python", body)
 

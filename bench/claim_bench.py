@@ -45,6 +45,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+from approvals.audit.record import audit_record
+from approvals.claims.claim import Decision, approval_claim
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -60,7 +65,7 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals import services, tokens
+from approvals.access import tokens
 from approvals.canonical.form import canonicalize
 from approvals.models import (
     Approval,
@@ -140,8 +145,8 @@ def make_world() -> World:
         shipped = import_module(migration).CONTRACTS
         (defaults,) = [c for c in shipped if c["name"] == TOOL]
         contract = ToolContract.objects.create(**defaults)
-    tenant = services.tenant_create(slug=f"bench-{uuid.uuid4().hex[:12]}")
-    key, _ = services.runtime_key_create(tenant=tenant, name="bench")
+    tenant = tenant_create(slug=f"bench-{uuid.uuid4().hex[:12]}")
+    key, _ = runtime_key_create(tenant=tenant, name="bench")
     approver = get_user_model().objects.create_user(username=f"{tenant.slug}-reviewer")
     return World(tenant=tenant, key=key, contract=contract, approver_id=approver.pk)
 
@@ -282,14 +287,14 @@ class ServiceClaimer:
         self.tenant = Tenant.objects.get(pk=tenant_id)
 
     def __call__(self, item: Item, execution_id: str) -> str:
-        result = services.approval_claim(
+        result = approval_claim(
             tenant=self.tenant,
             token=item.token,
             tool=TOOL,
             arguments=ARGUMENTS,
             execution_id=execution_id,
         )
-        return WON if result.decision == services.Decision.APPROVED else result.decision
+        return WON if result.decision == Decision.APPROVED else result.decision
 
     def close(self) -> None:
         connections.close_all()
@@ -314,7 +319,7 @@ class NaiveClaimer(ServiceClaimer):
                     or approval.superseded_at is not None
                     or approval.expires_at <= now
                 ):
-                    services.audit_record(
+                    audit_record(
                         kind="claim.replayed",
                         tenant=self.tenant,
                         occurrence=approval.occurrence_id,
@@ -344,7 +349,7 @@ class NaiveClaimer(ServiceClaimer):
                     idempotency_key=f"cmd_{command_id.hex}",
                     action_digest=action.digest,
                 )
-                services.audit_record(
+                audit_record(
                     kind="claim.approved",
                     tenant=self.tenant,
                     occurrence=approval.occurrence_id,

@@ -67,6 +67,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+from approvals.reviews.decisions import occurrence_approve
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -82,7 +86,6 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from approvals import services
 from approvals.canonical.form import canonicalize
 from approvals.models import (
     Approval,
@@ -183,8 +186,8 @@ def make_world() -> World:
             ).CONTRACTS
             (defaults,) = [c for c in shipped if c["name"] == name]
             ToolContract.objects.create(**defaults)
-    tenant = services.tenant_create(slug=f"http-bench-{uuid.uuid4().hex[:12]}")
-    _, raw = services.runtime_key_create(tenant=tenant, name="http-bench")
+    tenant = tenant_create(slug=f"http-bench-{uuid.uuid4().hex[:12]}")
+    _, raw = runtime_key_create(tenant=tenant, name="http-bench")
     reviewer = get_user_model().objects.create_user(
         username=f"{tenant.slug}-reviewer", password=PASSWORD
     )
@@ -648,7 +651,7 @@ def approve(world: World, server: Server, occurrence_ids: list[str], through_for
         ).values_list("occurrence_id", "action_digest")
     )
     for occurrence in Occurrence.objects.filter(pk__in=occurrence_ids[through_form:]):
-        services.occurrence_approve(
+        occurrence_approve(
             occurrence=occurrence, reviewer=world.reviewer, seen_digest=digests[occurrence.pk]
         )
     approved = Occurrence.objects.filter(
@@ -807,7 +810,7 @@ CLAIM_PARTS = [
     ("      contract read+validate+canonicalize", "approvals/services.py", "_claimable_digest"),
     ("        JSON Schema validation", "approvals/canonical.py", "validate_arguments"),
     ("        RFC 8785 canonicalize", "approvals/canonical.py", "canonicalize"),
-    ("      other-key check", "approvals/services.py", "_claimed_by_other_key"),
+    ("      other-key check", "approvals/services.py", "claimed_by_other_key"),
     ("      guard UPDATE (claim_sql.consume)", "approvals/claim_sql.py", "consume"),
     ("      audit_record", "approvals/services.py", "audit_record"),
     ("      on_commit: command_announce", "approvals/services.py", "command_announce"),

@@ -34,6 +34,9 @@ import threading
 import time
 from pathlib import Path
 
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.proposals import occurrence_propose
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("LOG_LEVEL", "WARNING")  # not a line per decision
 
@@ -45,7 +48,6 @@ import httpx
 from django.db import connections
 from prometheus_client.parser import text_string_to_metric_families
 
-from approvals import services
 from approvals.models import Occurrence, RuntimeKey
 
 METRICS_TOKEN = "longpoll-bench-" + os.urandom(8).hex()
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     key = RuntimeKey.objects.get(tenant=world.tenant)
     ids = []
     for i in range(waiters + 1):
-        occurrence, _ = services.occurrence_propose(
+        occurrence, _ = occurrence_propose(
             runtime_key=key,
             tool="issue_refund",
             arguments=http_bench.REFUND,
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 pause = started + n / args.rate - time.monotonic() if args.rate else 0
                 if pause > 0:
                     time.sleep(pause)
-                services.occurrence_reject(
+                occurrence_reject(
                     occurrence=Occurrence.objects.get(pk=occurrence_id),
                     reviewer=world.reviewer,
                     reason="Long-poll bench",

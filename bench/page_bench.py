@@ -31,6 +31,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -47,7 +50,6 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import clear_url_caches, include, path
 
-from approvals import services
 from approvals.canonical.form import canonicalize
 from approvals.models import (
     Approval,
@@ -325,8 +327,8 @@ def prepare(scale: float) -> tuple[Seeded, Any]:
         return Seeded(hot, occurrences, proposals, events, 0.0, reused=True), reviewer
     if reviewer is not None:
         raise StaleBenchDatabase
-    tenant = services.tenant_create(slug=TENANT_SLUG, name="Bench Shop")
-    key, _ = services.runtime_key_create(tenant=tenant, name="bench-runtime")
+    tenant = tenant_create(slug=TENANT_SLUG, name="Bench Shop")
+    key, _ = runtime_key_create(tenant=tenant, name="bench-runtime")
     reviewer = User.objects.create_user(username=REVIEWER, password="bench-password-unused")
     Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.REVIEWER)
     seconds = seed(n=n, m=m, hot=hot, tenant_id=tenant.pk, key_id=key.pk, reviewer=reviewer)

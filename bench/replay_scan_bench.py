@@ -50,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from approvals import replay_scan
+from approvals.audit import replay_scan
 
 TOKEN_IN_A_BAD_LINE = "apv_" + "bench0nly" + "x" * 34  # never to appear in any output
 

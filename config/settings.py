@@ -421,7 +421,7 @@ CALLBACK_SWEEP_GRACE_SECONDS = env_float("CALLBACK_SWEEP_GRACE_SECONDS", 10.0, m
 CALLBACK_ALLOW_HTTP = env_bool("CALLBACK_ALLOW_HTTP", DEBUG)
 CALLBACK_ALLOW_PRIVATE_HOSTS = env_bool("CALLBACK_ALLOW_PRIVATE_HOSTS", DEBUG)
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
-CELERY_IMPORTS = ["approvals.ratelimit"]
+CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
 # A console-executed command still pending this long after its last change was never
 # delivered (its announcement was lost): the sweep delivers it.
 DISPATCH_SWEEP_GRACE_SECONDS = env_int("DISPATCH_SWEEP_GRACE_SECONDS", 10)

@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.db.models import Model
 from django.http import HttpRequest
 
-from approvals.services import ServiceError
+from approvals.errors import ServiceError
 from reconciliation import adapters, credentials, services
 from reconciliation.models import (
     AdapterCredential,

@@ -26,8 +26,8 @@ from django.views.decorators.http import require_http_methods
 
 from approvals import presenters
 from approvals.admin_views import AdminScope, admin_scope
+from approvals.errors import ServiceError
 from approvals.models import Tenant, ToolContract
-from approvals.services import ServiceError
 from approvals.views import console_login_required
 from reconciliation import adapters, services
 from reconciliation.models import AdapterCredential, Interruption

@@ -22,7 +22,7 @@ from approvals.api import (
     StrictSchema,
     runtime_key_of,
 )
-from approvals.selectors import parse_uuid
+from approvals.reviews.selectors import parse_uuid
 from reconciliation import selectors, services
 
 router = Router(tags=["execution"])

@@ -25,8 +25,8 @@ from django.db import transaction
 from django.db.models import Max
 
 from approvals import metrics
+from approvals.audit.record import audit_record, db_now
 from approvals.models import Command, Epoch, ToolContract
-from approvals.services import audit_record, db_now
 from approvals.vocabulary import AuditKind, EventDecision, EventReason
 from reconciliation import adapters
 from reconciliation.adapters.base import (

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.services import audit_record
+from approvals.audit.record import audit_record
 from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation import credentials
 from reconciliation.adapters.base import http_client

@@ -53,7 +53,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from approvals import tokens, vocabulary
+from approvals import vocabulary
+from approvals.access import tokens
 from approvals.compiled import (
     Compiled,
     CompiledStatement,
@@ -74,7 +75,7 @@ from approvals.models import (
     Tenant,
 )
 from approvals.presenters import MoneyLine, money_lines, reveal_html
-from approvals.selectors import effective_approval_state, parse_uuid, snapshot
+from approvals.reviews.selectors import effective_approval_state, parse_uuid, snapshot
 from approvals.vocabulary import AuditKind, ClaimDecision
 from reconciliation.models import AdapterInvocation, OperatorDecision
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from django.db import transaction
 
+from approvals.audit.record import audit_record, db_now
+from approvals.errors import ServiceError
 from approvals.models import Command, Epoch, Occurrence
-from approvals.services import ServiceError, audit_record, db_now
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown

@@ -18,7 +18,7 @@ from approvals.presenters import (
     history_links,
     money_lines,
 )
-from approvals.selectors import approval_state
+from approvals.reviews.selectors import approval_state
 from approvals.vocabulary import OPERATOR_PREFIX, AuditKind, is_refused_use
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision

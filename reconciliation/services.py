@@ -15,8 +15,9 @@ from typing import Any
 
 from django.db import transaction
 
+from approvals.audit.record import audit_record, db_now
+from approvals.errors import ServiceError
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
-from approvals.services import ServiceError, audit_record, db_now
 from approvals.vocabulary import AuditKind, EventDecision, EventReason
 from reconciliation import credentials
 from reconciliation.dispatch import current_epoch

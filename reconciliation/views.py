@@ -15,9 +15,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.errors import ServiceError
 from approvals.models import Command, Tenant
-from approvals.selectors import HistoryCursor, console_access, parse_uuid, tool_ids
-from approvals.services import ServiceError
+from approvals.reviews.selectors import parse_uuid
+from approvals.selectors import HistoryCursor, console_access, tool_ids
 from approvals.views import console_login_required, header_links
 from reconciliation import operations, presenters, selectors
 

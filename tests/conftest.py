@@ -12,8 +12,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from approvals import services
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
 from approvals.models import Membership, Occurrence, RuntimeKey, Tenant, ToolContract
+from approvals.reviews.decisions import ApproveOutcome, occurrence_approve
 
 PASSWORD = "correct-horse-battery"
 
@@ -101,7 +103,7 @@ def make_user(username: str, tenant: Tenant, *roles: str) -> Any:
 
 
 def make_runtime(tenant: Tenant, name: str = "agent") -> Runtime:
-    key, raw = services.runtime_key_create(tenant=tenant, name=name)
+    key, raw = runtime_key_create(tenant=tenant, name=name)
     return Runtime(key=key, raw_key=raw, client=Client(HTTP_AUTHORIZATION=f"Bearer {raw}"))
 
 
@@ -143,12 +145,12 @@ def shipped_contracts(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def tenant(db: Any) -> Tenant:
-    return services.tenant_create(slug="acme", name="Acme")
+    return tenant_create(slug="acme", name="Acme")
 
 
 @pytest.fixture
 def other_tenant(db: Any) -> Tenant:
-    return services.tenant_create(slug="globex", name="Globex")
+    return tenant_create(slug="globex", name="Globex")
 
 
 @pytest.fixture
@@ -181,10 +183,10 @@ def other_runtime(other_tenant: Tenant) -> Runtime:
     return make_runtime(other_tenant, "other-agent")
 
 
-def approve(occurrence_id: str, reviewer: Any) -> services.ApproveOutcome:
+def approve(occurrence_id: str, reviewer: Any) -> ApproveOutcome:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     digest = occurrence.proposals.get(is_current=True).action_digest
-    return services.occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
+    return occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from typing import Any
 
 import iso4217
 
-from approvals.canonical.parsing import _child
+from approvals.canonical.parsing import child_path
 
 MINOR_SUFFIX = "_minor"
 
@@ -54,10 +54,10 @@ def money_currencies(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     path (``currency``, ``lines[0].currency``): money is minor units plus a currency."""
     if isinstance(value, dict):
         if "currency" in value and any(is_amount(k, v) for k, v in value.items()):
-            yield _child(path, "currency"), value["currency"]
+            yield child_path(path, "currency"), value["currency"]
         for key, nested in value.items():
             if isinstance(nested, dict | list):
-                yield from money_currencies(nested, _child(path, key))
+                yield from money_currencies(nested, child_path(path, key))
     elif isinstance(value, list):
         for index, nested in enumerate(value):
             yield from money_currencies(nested, f"{path}[{index}]")

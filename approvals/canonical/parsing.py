@@ -66,13 +66,13 @@ def _int(text: str) -> int | _Refused:
     return value
 
 
-def _printable(key: str) -> str:
+def printable_key(key: str) -> str:
     """A key as it can be quoted back in an error: lone surrogates become escapes."""
     return key.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _child(path: str, key: str) -> str:
-    return f"{path}.{_printable(key)}" if path else _printable(key)
+def child_path(path: str, key: str) -> str:
+    return f"{path}.{printable_key(key)}" if path else printable_key(key)
 
 
 def _check(value: Any, path: str, depth: int) -> None:
@@ -88,12 +88,12 @@ def _check(value: Any, path: str, depth: int) -> None:
         if isinstance(value, _DuplicatedKeys):
             raise InputError(
                 "duplicate_key",
-                f"The key {_printable(value.duplicate)!r} appears twice in one object.",
-                _child(path, value.duplicate),
+                f"The key {printable_key(value.duplicate)!r} appears twice in one object.",
+                child_path(path, value.duplicate),
             )
         if isinstance(value, dict):
             for key, item in value.items():
-                child = _child(path, key)
+                child = child_path(path, key)
                 _check_string(key, child)
                 _check(item, child, depth + 1)
         else:

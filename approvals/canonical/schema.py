@@ -15,7 +15,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from jsonschema.validators import extend
 
 from approvals.canonical.money import currency_exponent, money_currencies
-from approvals.canonical.parsing import _printable
+from approvals.canonical.parsing import printable_key
 from approvals.errors import InputError
 
 
@@ -278,7 +278,7 @@ def validate_arguments(schema: dict[str, Any], arguments: Any) -> None:
             "field": f"arguments.{path}",
             "code": "unknown_currency",
             "message": (
-                f"{_printable(str(code))[:40]!r} is not an ISO 4217 currency that money can be "
+                f"{printable_key(str(code))[:40]!r} is not an ISO 4217 currency that money can be "
                 "paid in: the codes for no currency (XXX), testing (XTS), precious metals, "
                 "special drawing rights, bond units and funds are refused too."
             ),

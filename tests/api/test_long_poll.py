@@ -23,9 +23,9 @@ import pytest
 from django.db import connection, connections
 from django.db.models import Sum
 
-from approvals import services
 from approvals.longpoll import LISTEN_APPLICATION_NAME
 from approvals.models import Occurrence, RuntimeKeyUsage
+from approvals.reviews.decisions import occurrence_reject
 from tests.clients.conftest import run_async
 from tests.conftest import Runtime, approve, make_runtime
 from tests.serve.servers import (
@@ -47,7 +47,7 @@ POSTGRES_ONLY = pytest.mark.skipif(
 
 
 def reject(occurrence_id: str, reviewer: Any, reason: str = "Not this one.") -> None:
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason=reason
     )
 
@@ -106,7 +106,7 @@ def test_a_decision_committing_mid_read_is_not_half_seen(tenant: Any, reviewer: 
 def test_a_snapshot_is_one_read_only_transaction_and_leaves_the_connection_as_it_was() -> None:
     """The snapshot begins its transaction REPEATABLE READ READ ONLY (psycopg writes both
     into its BEGIN); after it, the connection writes again, at Django's isolation level."""
-    from approvals.selectors import snapshot
+    from approvals.reviews.selectors import snapshot
 
     def transaction_settings() -> tuple[str, str]:
         with connection.cursor() as cursor:

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from approvals import reviewer_tokens, services
+from approvals.access import reviewer_tokens
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
 from approvals.models import Membership
 from tests.conftest import make_user
 
@@ -70,8 +72,8 @@ def unlimited_requests(settings: Any) -> None:
 def test_schemathesis_finds_nothing_wrong(
     live_server: Any, unlimited_requests: None, tmp_path: Path
 ) -> None:
-    tenant = services.tenant_create(slug="acme", name="Acme")
-    _, runtime_key = services.runtime_key_create(tenant=tenant, name="schemathesis")
+    tenant = tenant_create(slug="acme", name="Acme")
+    _, runtime_key = runtime_key_create(tenant=tenant, name="schemathesis")
     reviewer = make_user("rita", tenant, Membership.Role.REVIEWER)
     _, reviewer_token = reviewer_tokens.reviewer_token_issue(
         user=reviewer, tenant=tenant, name="schemathesis", lifetime_days=7

@@ -23,7 +23,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, connections
 from django.test import Client
 
-from approvals import ratelimit, tokens
+from approvals.access import ratelimit, tokens
 from approvals.models import AuditEvent, Occurrence, RuntimeKeyUsage, Tenant
 from tests.conftest import PASSWORD, Runtime, make_runtime
 

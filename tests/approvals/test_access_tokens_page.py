@@ -8,7 +8,7 @@ from typing import Any
 
 from django.test import Client
 
-from approvals import reviewer_tokens
+from approvals.access import reviewer_tokens
 from approvals.models import Membership, ReviewerToken, Tenant
 from tests.conftest import Runtime, make_user
 

@@ -14,8 +14,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from approvals import services, tokens
+from approvals.access import tokens
 from approvals.models import Approval, AuditEvent, Command, Occurrence, Proposal, RuntimeKey
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.revocation import approval_revoke
 from tests.conftest import REFUND_ARGS, Runtime, approve
 
 REFUND_CANONICAL = (
@@ -315,7 +317,7 @@ def test_pickup_after_rejection_gets_rejected_with_the_reviewers_reason(
     runtime: Runtime, reviewer: Any
 ) -> None:
     occurrence_id = runtime.propose().json()["occurrence_id"]
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id),
         reviewer=reviewer,
         reason="Order 1042 was already refunded",
@@ -423,9 +425,7 @@ def test_claim_with_a_different_action_is_scope_mismatch_and_leaves_the_token_un
 def test_claim_after_revocation_is_403_revoked(
     runtime: Runtime, token: str, admin_user: Any
 ) -> None:
-    assert services.approval_revoke(
-        approval=Approval.objects.get(), admin=admin_user, reason="incident"
-    )
+    assert approval_revoke(approval=Approval.objects.get(), admin=admin_user, reason="incident")
 
     response = runtime.claim(token, "exec-a")
 

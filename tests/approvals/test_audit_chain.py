@@ -22,7 +22,10 @@ from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from approvals import selectors, services, tasks
+from approvals import tasks
+from approvals.audit import chain as audit_chain
+from approvals.audit.chain import audit_chain_extend, audit_chain_verify
+from approvals.audit.record import audit_record
 from approvals.models import (
     AUDIT_CHAIN_GENESIS,
     AuditChainHead,
@@ -39,13 +42,13 @@ on_postgresql = pytest.mark.skipif(
 
 def _record(tenant: Tenant, n: int = 1, **fields: Any) -> list[AuditEvent]:
     return [
-        services.audit_record(kind=fields.pop("kind", "test.event"), tenant=tenant, **fields)
+        audit_record(kind=fields.pop("kind", "test.event"), tenant=tenant, **fields)
         for _ in range(n)
     ]
 
 
 def _chain(tenant: Tenant) -> list[AuditEvent]:
-    services.audit_chain_extend(tenant_id=tenant.pk)
+    audit_chain_extend(tenant_id=tenant.pk)
     return list(AuditEvent.objects.filter(tenant=tenant).order_by("chain_seq"))
 
 
@@ -113,11 +116,11 @@ def test_extending_again_continues_the_chain(runtime: Runtime) -> None:
 def test_extension_in_small_batches_makes_the_same_chain(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(services, "AUDIT_CHAIN_BATCH", 3)
+    monkeypatch.setattr(audit_chain, "AUDIT_CHAIN_BATCH", 3)
     tenant = runtime.key.tenant
     _record(tenant, 8)
 
-    through = services.audit_chain_extend(tenant_id=tenant.pk, limit=5)
+    through = audit_chain_extend(tenant_id=tenant.pk, limit=5)
 
     assert AuditEvent.objects.filter(chain_seq__isnull=False).count() == 5
     assert through == AuditEvent.objects.get(chain_seq=5).pk
@@ -227,7 +230,7 @@ def test_writing_an_event_does_not_chain_it(
 ) -> None:
     # The claim's hot path: one INSERT, nothing of the chain.
     with django_assert_num_queries(1):
-        event = services.audit_record(kind="test.event", tenant=runtime.key.tenant)
+        event = audit_record(kind="test.event", tenant=runtime.key.tenant)
 
     assert event.chain_seq is None
 
@@ -420,7 +423,7 @@ def test_the_newest_events_deleted_are_found_by_the_head(chained: list[AuditEven
 def test_a_deleted_chain_head_is_found(chained: list[AuditEvent]) -> None:
     AuditChainHead.objects.filter(tenant=chained[0].tenant).delete()
 
-    report = selectors.audit_chain_verify(tenant=chained[0].tenant)
+    report = audit_chain_verify(tenant=chained[0].tenant)
 
     assert report.problem is not None
     assert report.problem.kind == "deleted"
@@ -430,7 +433,7 @@ def test_a_deleted_chain_head_is_found(chained: list[AuditEvent]) -> None:
 def test_extending_with_no_room_chains_nothing(runtime: Runtime) -> None:
     _record(runtime.key.tenant, 2)
 
-    assert services.audit_chain_extend(tenant_id=runtime.key.tenant.pk, limit=0) == 0
+    assert audit_chain_extend(tenant_id=runtime.key.tenant.pk, limit=0) == 0
     assert not AuditEvent.objects.filter(chain_seq__isnull=False).exists()
 
 
@@ -484,8 +487,8 @@ def test_an_event_left_unchained_is_reported_after_a_minute(chained: list[AuditE
     tenant = chained[0].tenant
     [late] = _record(tenant)
     # As if the chain extension had not run since it was written.
-    report = selectors.audit_chain_verify(tenant=tenant, now=timezone.now() + timedelta(minutes=2))
-    fresh = selectors.audit_chain_verify(tenant=tenant)
+    report = audit_chain_verify(tenant=tenant, now=timezone.now() + timedelta(minutes=2))
+    fresh = audit_chain_verify(tenant=tenant)
 
     assert report.problem is not None
     assert report.problem.kind == "unchained"
@@ -506,11 +509,11 @@ def _writer(tenant_id: int, barrier: Barrier, errors: Any) -> None:
         barrier.wait(timeout=TIMEOUT)
         for n in range(EVENTS_PER_WRITER):
             with transaction.atomic():
-                services.audit_record(kind="race.write", tenant=tenant_id, data={"n": n})
+                audit_record(kind="race.write", tenant=tenant_id, data={"n": n})
                 if n % 3 == 0:
                     # Some events from transactions that also write something else first.
-                    services.audit_record(kind="race.second", tenant=tenant_id)
-            services.audit_chain_extend(tenant_id=tenant_id)
+                    audit_record(kind="race.second", tenant=tenant_id)
+            audit_chain_extend(tenant_id=tenant_id)
     except Exception as exc:  # reported to the parent, which fails the test
         errors.put(f"{type(exc).__name__}: {exc}")
     finally:

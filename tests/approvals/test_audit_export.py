@@ -15,7 +15,16 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from approvals import selectors, services
+from approvals.audit import export
+from approvals.audit.chain import audit_chain_extend
+from approvals.audit.export import (
+    AuditFilter,
+    _audit_export_orm,
+    _audit_export_sql,
+    audit_event_line,
+    audit_watermark,
+)
+from approvals.audit.record import audit_record
 from approvals.models import AuditEvent, Tenant
 from tests.approvals.test_api import error_of, ndjson
 from tests.conftest import Runtime
@@ -119,7 +128,7 @@ def test_a_line_is_byte_for_byte_what_the_python_export_writes(
     text = _raw(runtime)
 
     chained = AuditEvent.objects.get(pk=event.pk)
-    assert text == selectors.audit_event_line(chained)
+    assert text == audit_event_line(chained)
 
 
 def test_lines_that_are_spelled_differently_read_back_the_same(runtime: Runtime) -> None:
@@ -134,7 +143,7 @@ def test_lines_that_are_spelled_differently_read_back_the_same(runtime: Runtime)
     [line] = _lines(runtime)
 
     event = AuditEvent.objects.get()
-    assert line == json.loads(selectors.audit_event_line(event))
+    assert line == json.loads(audit_event_line(event))
 
 
 @on_postgresql
@@ -142,16 +151,16 @@ def test_the_python_and_the_postgresql_export_agree(runtime: Runtime, token: str
     runtime.claim(token, "exec-a")
     runtime.claim(token, "exec-b")
     tenant = runtime.key.tenant
-    through = services.audit_chain_extend(tenant_id=tenant.pk)
+    through = audit_chain_extend(tenant_id=tenant.pk)
 
     for filters in [
-        selectors.AuditFilter(),
-        selectors.AuditFilter(kind="claim.*"),
-        selectors.AuditFilter(kind="claim.replayed"),
-        selectors.AuditFilter(execution_id="exec-b"),
+        AuditFilter(),
+        AuditFilter(kind="claim.*"),
+        AuditFilter(kind="claim.replayed"),
+        AuditFilter(execution_id="exec-b"),
     ]:
-        sql = "".join(selectors._audit_export_sql(tenant.pk, 0, through, filters, None))
-        orm = "".join(selectors._audit_export_orm(tenant, 0, through, filters, None))
+        sql = "".join(_audit_export_sql(tenant.pk, 0, through, filters, None))
+        orm = "".join(_audit_export_orm(tenant, 0, through, filters, None))
         assert sql.splitlines()
         assert [json.loads(x) for x in sql.splitlines()] == [
             json.loads(x) for x in orm.splitlines()
@@ -311,7 +320,7 @@ def test_the_export_reads_a_fixed_number_of_queries_however_many_events(
     def queries_for(events: int) -> int:
         for _ in range(events):
             _event(runtime.key.tenant)
-        services.audit_chain_extend(tenant_id=runtime.key.tenant.pk)
+        audit_chain_extend(tenant_id=runtime.key.tenant.pk)
         with connection.execute_wrapper(counter):
             count_before = len(counter.calls)
             lines = _lines(runtime)
@@ -336,7 +345,7 @@ class _Counter:
 def test_a_large_export_is_paged_by_the_database(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(selectors, "AUDIT_EXPORT_PAGE", 7)
+    monkeypatch.setattr(export, "AUDIT_EXPORT_PAGE", 7)
     tenant = runtime.key.tenant
     created = [_event(tenant, data={"n": n}).pk for n in range(30)]
 
@@ -395,7 +404,7 @@ def test_a_cursor_waits_for_a_lower_id_that_commits_late(
     slow = _connect()
     other_connections.append(slow)
     late = _insert_raw(slow, tenant, "test.late")  # drawn first, committed last
-    early = services.audit_record(kind="test.early", tenant=tenant).pk  # committed now
+    early = audit_record(kind="test.early", tenant=tenant).pk  # committed now
     assert late < early
 
     first = _lines(runtime)
@@ -445,7 +454,7 @@ def test_a_rolled_back_writer_holds_nothing_back(
     aborted = _connect()
     other_connections.append(aborted)
     _insert_raw(aborted, tenant, "test.aborted")
-    kept = services.audit_record(kind="test.kept", tenant=tenant).pk
+    kept = audit_record(kind="test.kept", tenant=tenant).pk
     assert _lines(runtime) == []
 
     aborted.rollback()
@@ -462,12 +471,12 @@ def test_the_chain_waits_for_a_late_commit_too(
     slow = _connect()
     other_connections.append(slow)
     late = _insert_raw(slow, tenant, "test.late")
-    early = services.audit_record(kind="test.early", tenant=tenant).pk
+    early = audit_record(kind="test.early", tenant=tenant).pk
 
-    services.audit_chain_extend(tenant_id=tenant.pk)
+    audit_chain_extend(tenant_id=tenant.pk)
     assert AuditEvent.objects.get(pk=early).chain_seq is None
     slow.commit()
-    services.audit_chain_extend(tenant_id=tenant.pk)
+    audit_chain_extend(tenant_id=tenant.pk)
 
     chained = AuditEvent.objects.filter(tenant=tenant).order_by("chain_seq")
     assert [(e.pk, e.chain_seq) for e in chained] == [(late, 1), (early, 2)]
@@ -475,9 +484,9 @@ def test_the_chain_waits_for_a_late_commit_too(
 
 def test_the_watermark_counts_the_callers_own_open_writes(runtime: Runtime) -> None:
     # Inside one transaction (as this test runs) its own events are visible to it.
-    event = services.audit_record(kind="test.mine", tenant=runtime.key.tenant)
+    event = audit_record(kind="test.mine", tenant=runtime.key.tenant)
 
-    assert selectors.audit_watermark() >= event.pk
+    assert audit_watermark() >= event.pk
 
 
 def test_since_is_compared_with_the_source_time(runtime: Runtime) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from approvals import selectors
+from approvals.audit.export import audit_duplicate_deliveries
 from approvals.models import AuditDuplicateDelivery, AuditEvent, AuditIngestion, Tenant
 from tests.approvals.test_api import error_of, ndjson
 from tests.conftest import Runtime
@@ -120,7 +120,7 @@ def test_a_redelivery_in_a_later_batch_is_a_duplicate_with_its_ingestion_and_tim
     assert len({first["ingestion_id"], second["ingestion_id"], third["ingestion_id"]}) == 3
     stored = AuditEvent.objects.get(event_id=event["event_id"])
     assert stored.ingestion_id == first["ingestion_id"]
-    deliveries = list(selectors.audit_duplicate_deliveries(runtime.key.tenant, event["event_id"]))
+    deliveries = list(audit_duplicate_deliveries(runtime.key.tenant, event["event_id"]))
     assert [d.ingestion_id for d in deliveries] == [second["ingestion_id"], third["ingestion_id"]]
     assert [d.line for d in deliveries] == [2, 1]
     assert all(d.original == stored for d in deliveries)
@@ -157,7 +157,7 @@ def test_duplicates_are_per_tenant(runtime: Runtime, other_runtime: Runtime) -> 
 
     assert mine["new"] == theirs["new"] == 1
     assert AuditEvent.objects.filter(event_id=event["event_id"]).count() == 2
-    assert not selectors.audit_duplicate_deliveries(other_runtime.key.tenant).exists()
+    assert not audit_duplicate_deliveries(other_runtime.key.tenant).exists()
 
 
 def test_the_duplicate_selector_lists_a_tenants_duplicates(
@@ -167,14 +167,14 @@ def test_the_duplicate_selector_lists_a_tenants_duplicates(
     post(runtime, body_of(a, b, a, b, a))
     post(other_runtime, body_of(a, a))
 
-    mine = selectors.audit_duplicate_deliveries(runtime.key.tenant)
+    mine = audit_duplicate_deliveries(runtime.key.tenant)
 
     assert [(str(d.event_id), d.line) for d in mine] == [
         (a["event_id"], 3),
         (b["event_id"], 4),
         (a["event_id"], 5),
     ]
-    assert selectors.audit_duplicate_deliveries(runtime.key.tenant, uuid.uuid4()).count() == 0
+    assert audit_duplicate_deliveries(runtime.key.tenant, uuid.uuid4()).count() == 0
 
 
 def test_an_event_the_console_wrote_itself_is_not_stored_again(runtime: Runtime) -> None:

@@ -15,8 +15,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from approvals import callbacks, services
-from approvals.models import AuditEvent, CallbackAttempt, CallbackDelivery, RuntimeCallback
+from approvals.callbacks.delivery import deliver, receiver_check
+from approvals.models import (
+    AuditEvent,
+    CallbackAttempt,
+    CallbackDelivery,
+    Occurrence,
+    RuntimeCallback,
+)
+from approvals.reviews.decisions import occurrence_reject
 from tests.conftest import Runtime, approve, make_runtime
 
 
@@ -101,11 +108,11 @@ def test_an_approval_is_pushed_signed_and_recorded(
     assert (delivery.event, delivery.state) == ("approved", "pending")
     assert announced  # the push is sent after commit, not before
 
-    assert callbacks.deliver(str(delivery.pk)) == "delivered"
+    assert deliver(str(delivery.pk)).outcome == "delivered"
 
     ((headers, body),) = receiver.received
-    assert callbacks.receiver_check(secret, headers, body)
-    assert not callbacks.receiver_check("whsec_wrong", headers, body)
+    assert receiver_check(secret, headers, body)
+    assert not receiver_check("whsec_wrong", headers, body)
     assert headers["X-Console-Delivery"] == str(delivery.pk)
     sent = json.loads(body)
     assert sent["event"] == "approved" and sent["status"] == "approved"
@@ -120,7 +127,7 @@ def test_an_approval_is_pushed_signed_and_recorded(
     (attempt,) = CallbackAttempt.objects.all()
     assert (attempt.number, attempt.status_code, attempt.error) == (1, 204, "")
     # Done is done: a second task for it calls nothing.
-    assert callbacks.deliver(str(delivery.pk)) == "skipped"
+    assert deliver(str(delivery.pk)).outcome == "skipped"
     assert len(receiver.received) == 1
 
 
@@ -129,14 +136,14 @@ def test_a_rejection_carries_its_reason(
 ) -> None:
     register(runtime, receiver.url)
     occurrence_id = runtime.propose().json()["occurrence_id"]
-    services.occurrence_reject(
-        occurrence=services.Occurrence.objects.get(pk=occurrence_id),
+    occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=occurrence_id),
         reviewer=reviewer,
         reason="Refund already issued",
     )
 
     delivery = the_delivery(occurrence_id=occurrence_id)
-    callbacks.deliver(str(delivery.pk))
+    deliver(str(delivery.pk))
 
     sent = json.loads(receiver.received[0][1])
     assert sent["event"] == "rejected" and sent["status"] == "rejected"
@@ -155,18 +162,18 @@ def test_a_failing_receiver_is_retried_with_backoff_then_delivered(
     def due_now() -> None:
         CallbackDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
 
-    assert callbacks.deliver(str(delivery.pk)) == "retry"
+    assert deliver(str(delivery.pk)).outcome == "retry"
     delivery.refresh_from_db()
     wait = delivery.next_attempt_at - timezone.now()
     assert timedelta(seconds=1) < wait <= timedelta(seconds=2)
     # Not due yet: nothing is called.
-    assert callbacks.deliver(str(delivery.pk)) == "skipped"
+    assert deliver(str(delivery.pk)).outcome == "skipped"
     due_now()
-    assert callbacks.deliver(str(delivery.pk)) == "retry"
+    assert deliver(str(delivery.pk)).outcome == "retry"
     delivery.refresh_from_db()
     assert delivery.next_attempt_at - timezone.now() > timedelta(seconds=3)  # doubled
     due_now()
-    assert callbacks.deliver(str(delivery.pk)) == "delivered"
+    assert deliver(str(delivery.pk)).outcome == "delivered"
 
     attempts = list(CallbackAttempt.objects.values_list("number", "status_code", "error"))
     assert attempts == [(1, 500, "HTTP 500"), (2, 503, "HTTP 503"), (3, 204, "")]
@@ -184,9 +191,9 @@ def test_after_the_last_attempt_the_delivery_fails(
         occurrence_id = runtime.propose().json()["occurrence_id"]
         approve(occurrence_id, reviewer)
         delivery = the_delivery(occurrence_id=occurrence_id)
-        assert callbacks.deliver(str(delivery.pk)) == "retry"
+        assert deliver(str(delivery.pk)).outcome == "retry"
         CallbackDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
-        assert callbacks.deliver(str(delivery.pk)) == "failed"
+        assert deliver(str(delivery.pk)).outcome == "failed"
 
     delivery.refresh_from_db()
     assert delivery.state == "failed" and delivery.attempts == 2
@@ -310,5 +317,5 @@ def test_a_real_worker_pushes_decisions_and_retries(
     assert [h["X-Console-Delivery"] for h, _ in receiver.received] == [
         str(the_delivery(occurrence_id=occurrence_id).pk)
     ] * 2
-    assert all(callbacks.receiver_check(secret, h, b) for h, b in receiver.received)
+    assert all(receiver_check(secret, h, b) for h, b in receiver.received)
     assert list(CallbackAttempt.objects.values_list("status_code", flat=True)) == [502, 204]

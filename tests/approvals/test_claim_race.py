@@ -22,7 +22,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from django.test import Client
 
-from approvals import services
+from approvals.claims.claim import approval_claim
+from approvals.claims.delivery import approval_deliver_token
+from approvals.errors import ServiceError
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -33,6 +35,9 @@ from approvals.models import (
     Occurrence,
     Tenant,
 )
+from approvals.reviews.decisions import occurrence_approve, proposal_edit
+from approvals.reviews.proposals import occurrence_propose
+from approvals.reviews.revocation import approval_revoke
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
 pytestmark = [
@@ -63,7 +68,7 @@ def claim_job(
 ) -> tuple[str, str, str | None]:
     # Jitter lets a slower racer (an edit, a revocation) come first in some rounds.
     time.sleep(random.uniform(0, jitter_ms) / 1000)
-    result = services.approval_claim(
+    result = approval_claim(
         tenant=Tenant.objects.get(pk=tenant_id),
         token=token,
         tool="issue_refund",
@@ -90,29 +95,29 @@ def approve_job(occurrence_id: str, reviewer_id: int, seen_digest: str) -> str:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     reviewer = get_user_model().objects.get(pk=reviewer_id)
     try:
-        outcome = services.occurrence_approve(
+        outcome = occurrence_approve(
             occurrence=occurrence, reviewer=reviewer, seen_digest=seen_digest
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         return exc.code
     return "issued" if outcome.issued else f"vote {outcome.votes}/{outcome.needed}"
 
 
 def edit_job(occurrence_id: str, editor_id: int, seen_digest: str) -> str:
     try:
-        services.proposal_edit(
+        proposal_edit(
             occurrence=Occurrence.objects.get(pk=occurrence_id),
             editor=get_user_model().objects.get(pk=editor_id),
             arguments=EDITED_ARGS,
             seen_digest=seen_digest,
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         return exc.code
     return "edited"
 
 
 def revoke_job(approval_id: int, admin_id: int) -> str:
-    revoked = services.approval_revoke(
+    revoked = approval_revoke(
         approval=Approval.objects.get(pk=approval_id),
         admin=get_user_model().objects.get(pk=admin_id),
         reason="race",
@@ -123,10 +128,10 @@ def revoke_job(approval_id: int, admin_id: int) -> str:
 def redeliver_job(occurrence_id: str, execution_id: str) -> tuple[str, str]:
     """A pickup by the bound execution: ("token", raw) or ("refused", code)."""
     try:
-        delivered = services.approval_deliver_token(
+        delivered = approval_deliver_token(
             occurrence=Occurrence.objects.get(pk=occurrence_id), execution_id=execution_id
         )
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         return "refused", exc.code
     return "token", delivered.token
 
@@ -191,7 +196,7 @@ def pool(transactional_db: Any) -> Iterator[Pool]:
 
 def _approved_token(runtime: Runtime, reviewer: Any, arguments: dict[str, Any]) -> tuple[str, str]:
     """A fresh approved refund and its picked-up token: (occurrence id, raw token)."""
-    occurrence, _ = services.occurrence_propose(
+    occurrence, _ = occurrence_propose(
         runtime_key=runtime.key,
         tool="issue_refund",
         arguments=arguments,
@@ -199,11 +204,9 @@ def _approved_token(runtime: Runtime, reviewer: Any, arguments: dict[str, Any]) 
         reason="race",
     )
     digest = occurrence.proposals.get(is_current=True).action_digest
-    outcome = services.occurrence_approve(
-        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
-    )
+    outcome = occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
     assert outcome.issued
-    return str(occurrence.pk), services.approval_deliver_token(occurrence=occurrence).token
+    return str(occurrence.pk), approval_deliver_token(occurrence=occurrence).token
 
 
 def _assert_one_command(occurrence_id: str, winner_execution: str) -> Command:
@@ -368,7 +371,7 @@ def test_revoke_racing_claims_either_revokes_or_is_too_late(
 
 
 def _bound_token(runtime: Runtime, reviewer: Any, execution_id: str) -> tuple[str, str]:
-    occurrence, _ = services.occurrence_propose(
+    occurrence, _ = occurrence_propose(
         runtime_key=runtime.key,
         tool="issue_refund",
         arguments=dict(REFUND_ARGS),
@@ -376,10 +379,8 @@ def _bound_token(runtime: Runtime, reviewer: Any, execution_id: str) -> tuple[st
         reason="race",
     )
     digest = occurrence.proposals.get(is_current=True).action_digest
-    assert services.occurrence_approve(
-        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
-    ).issued
-    token = services.approval_deliver_token(occurrence=occurrence, execution_id=execution_id)
+    assert occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest).issued
+    token = approval_deliver_token(occurrence=occurrence, execution_id=execution_id)
     return str(occurrence.pk), token.token
 
 
@@ -416,7 +417,7 @@ def test_redeliveries_racing_claims_of_the_old_token_let_exactly_one_side_win(
             live = [
                 t
                 for t in fresh
-                if services.approval_claim(
+                if approval_claim(
                     tenant=tenant,
                     token=t,
                     tool="issue_refund",
@@ -443,7 +444,7 @@ def test_one_execution_asking_again_at_once_leaves_one_live_token(
         tokens = [first] + [r[1] for r in results]
         assert len(set(tokens)) == PROCS + 1
         decisions = Counter(
-            services.approval_claim(
+            approval_claim(
                 tenant=tenant,
                 token=t,
                 tool="issue_refund",
@@ -472,7 +473,7 @@ def _reviewers(tenant: Tenant) -> list[Any]:
 def _approve_race(
     pool: Pool, runtime: Runtime, reviewers: list[Any], tool: str, args: Any
 ) -> tuple[Occurrence, list[Any]]:
-    occurrence, _ = services.occurrence_propose(
+    occurrence, _ = occurrence_propose(
         runtime_key=runtime.key, tool=tool, arguments=args, run_id="run-race", reason="race"
     )
     digest = occurrence.proposals.get(is_current=True).action_digest

@@ -13,9 +13,9 @@ from django.db import connection, connections
 from django.db.models import BigIntegerField, CharField
 from django.test.utils import CaptureQueriesContext
 
-from approvals import selectors
 from approvals.compiled import Compiled, Param, ParamArray, ParamList
 from approvals.models import Membership, Occurrence, Tenant
+from approvals.selectors import console_memberships, review_get, review_queryset
 from tests.conftest import Runtime, approve, make_runtime, make_user
 
 pytestmark = pytest.mark.django_db
@@ -53,16 +53,12 @@ def test_the_review_read_answers_as_its_queryset(
     mine = runtime.key.tenant_id
     for occurrence_id in (uuid.UUID(approved), pending):
         for tenant_ids in ([mine], [other_tenant.pk, mine]):
-            compiled = selectors.review_get(occurrence_id=occurrence_id, tenant_ids=tenant_ids)
-            plain = (
-                selectors.review_queryset()
-                .filter(pk=occurrence_id, tenant_id__in=tenant_ids)
-                .first()
-            )
+            compiled = review_get(occurrence_id=occurrence_id, tenant_ids=tenant_ids)
+            plain = review_queryset().filter(pk=occurrence_id, tenant_id__in=tenant_ids).first()
             assert compiled is not None and plain is not None
             assert _fields(compiled) == _fields(plain)
     # What the page reads of it is read with it: no query more.
-    read = selectors.review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[mine])
+    read = review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[mine])
     assert read is not None
     with CaptureQueriesContext(connection) as later:
         _fields(read)
@@ -71,8 +67,8 @@ def test_the_review_read_answers_as_its_queryset(
         assert all(a.occurrence is read for a in read.approvals.all())
     assert later.captured_queries == []
     # Another tenant's occurrence is none of these tenants'.
-    assert selectors.review_get(occurrence_id=other, tenant_ids=[mine]) is None
-    assert selectors.review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[]) is None
+    assert review_get(occurrence_id=other, tenant_ids=[mine]) is None
+    assert review_get(occurrence_id=uuid.UUID(approved), tenant_ids=[]) is None
 
 
 def test_each_call_binds_its_own_values_and_each_list_length_compiles_once(
@@ -135,12 +131,12 @@ def test_a_read_compiled_in_one_thread_runs_on_another_threads_connection(
     occurrence_id = uuid.UUID(runtime.propose().json()["occurrence_id"])
     approve(str(occurrence_id), reviewer)
     mine = runtime.key.tenant_id
-    assert selectors.review_get(occurrence_id=occurrence_id, tenant_ids=[mine]) is not None
+    assert review_get(occurrence_id=occurrence_id, tenant_ids=[mine]) is not None
     seen: dict[str, Any] = {}
 
     def other_thread() -> None:
         try:
-            found = selectors.review_get(occurrence_id=occurrence_id, tenant_ids=[mine])
+            found = review_get(occurrence_id=occurrence_id, tenant_ids=[mine])
             seen["found"] = found and found.pk
             seen["connection"] = connections["default"]
         finally:
@@ -158,7 +154,7 @@ def test_a_users_memberships_are_read_as_before(
 ) -> None:
     Membership.objects.create(user=reviewer, tenant=other_tenant, role=Membership.Role.ADMIN)
     Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.OPERATOR)
-    compiled = selectors.console_memberships(reviewer)
+    compiled = console_memberships(reviewer)
     plain = list(
         Membership.objects.filter(user_id=reviewer.pk)
         .select_related("tenant")

@@ -10,8 +10,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from approvals import services
 from approvals.models import Approval, AuditEvent, Occurrence
+from approvals.reviews import expiry
+from approvals.reviews.expiry import approvals_expire
 from tests.conftest import PASSWORD, Runtime, approve
 
 pytestmark = pytest.mark.django_db
@@ -30,8 +31,8 @@ def test_an_issued_approval_past_its_expiry_is_marked_expired_once(
 ) -> None:
     expire_now(approved)
 
-    assert services.approvals_expire() == 1
-    assert services.approvals_expire() == 0
+    assert approvals_expire() == 1
+    assert approvals_expire() == 0
 
     approval = Approval.objects.get(occurrence_id=approved)
     assert approval.state == Approval.State.EXPIRED
@@ -53,14 +54,14 @@ def test_approvals_in_time_and_consumed_ones_are_left_alone(
     fresh = runtime.propose(client_ref="fresh").json()["occurrence_id"]
     approve(fresh, reviewer)
 
-    assert services.approvals_expire() == 0
+    assert approvals_expire() == 0
     assert Approval.objects.get(occurrence_id=approved).state == Approval.State.CONSUMED
     assert Approval.objects.get(occurrence_id=fresh).state == Approval.State.ISSUED
 
 
 def test_a_claim_after_the_sweep_is_expired(runtime: Runtime, token: str, approved: str) -> None:
     expire_now(approved)
-    services.approvals_expire()
+    approvals_expire()
 
     response = runtime.claim(token, "exec-1")
 
@@ -75,7 +76,7 @@ def test_the_inbox_filters_agree_with_the_badges_after_the_sweep(
     runtime: Runtime, reviewer: Any, approved: str
 ) -> None:
     expire_now(approved)
-    services.approvals_expire()
+    approvals_expire()
     client = Client()
     client.login(username=reviewer.username, password=PASSWORD)
 
@@ -91,7 +92,7 @@ def test_the_beat_task_sweeps_batch_after_batch(
 ) -> None:
     from approvals import tasks
 
-    monkeypatch.setattr(services, "EXPIRE_BATCH", 2)
+    monkeypatch.setattr(expiry, "EXPIRE_BATCH", 2)
     ids = []
     for n in range(5):
         occurrence_id = runtime.propose(client_ref=f"batch-{n}").json()["occurrence_id"]

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from approvals import replay_scan, tokens
+from approvals.access import tokens
+from approvals.audit import replay_scan
 from tests.conftest import Runtime
 
 ROOT = Path(__file__).resolve().parents[2]

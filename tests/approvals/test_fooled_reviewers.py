@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from approvals import services
 from approvals.canonical.confusables import identity_key, look_alikes
 from approvals.canonical.money import currency_exponent
 from approvals.canonical.schema import validate_arguments
-from approvals.errors import InputError
+from approvals.errors import InputError, ServiceError
 from approvals.models import ApprovalVote, AuditEvent, Membership, Occurrence, Tenant, ToolContract
 from approvals.presenters import argument_flags, format_money, minor_units, money_lines, quorum_rule
+from approvals.reviews.decisions import occurrence_approve
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
@@ -62,8 +62,8 @@ def test_the_requester_written_another_way_cannot_approve(
     occurrence = Occurrence.objects.get(pk=propose(runtime, requested_by=requested_by))
     digest = occurrence.proposals.get(is_current=True).action_digest
 
-    with pytest.raises(services.ServiceError) as raised:
-        services.occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
+    with pytest.raises(ServiceError) as raised:
+        occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
 
     assert (raised.value.code, raised.value.status) == ("self_approval", 403)
     assert not ApprovalVote.objects.filter(proposal__occurrence=occurrence).exists()
@@ -91,9 +91,7 @@ def test_another_reviewer_still_approves_a_request_made_for_someone_else(
     occurrence = Occurrence.objects.get(pk=propose(runtime, requested_by="Ritaa"))
     digest = occurrence.proposals.get(is_current=True).action_digest
 
-    outcome = services.occurrence_approve(
-        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
-    )
+    outcome = occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
 
     assert outcome.issued
 
@@ -389,12 +387,8 @@ def test_a_small_refund_in_a_currency_without_threshold_needs_two_reviewers(
     )
     digest = occurrence.proposals.get(is_current=True).action_digest
 
-    first = services.occurrence_approve(
-        occurrence=occurrence, reviewer=reviewer, seen_digest=digest
-    )
-    second = services.occurrence_approve(
-        occurrence=occurrence, reviewer=second_reviewer, seen_digest=digest
-    )
+    first = occurrence_approve(occurrence=occurrence, reviewer=reviewer, seen_digest=digest)
+    second = occurrence_approve(occurrence=occurrence, reviewer=second_reviewer, seen_digest=digest)
 
     assert (first.issued, first.needed) == (False, 2)
     assert second.issued

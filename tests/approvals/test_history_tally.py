@@ -10,15 +10,16 @@ from typing import Any
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from approvals import selectors, services
+from approvals.audit.record import audit_record
 from approvals.models import AuditEvent, Command, Occurrence
+from approvals.selectors import claim_tally, claim_tally_of_events, effect_evidence
 from approvals.vocabulary import AuditKind, ClaimDecision
 from tests.approvals.test_views_html import propose, signed_in
 from tests.conftest import Runtime
 
 
 def _claim(occurrence: Occurrence, decision: str, execution: str, command: Any = None) -> None:
-    services.audit_record(
+    audit_record(
         kind=AuditKind.for_claim(decision),
         tenant=occurrence.tenant_id,
         occurrence=occurrence,
@@ -52,15 +53,15 @@ def test_the_tally_of_the_events_read_is_the_databases(runtime: Runtime) -> None
     for n in range(11):  # more delivered executions than it names
         _claim(occurrence, ClaimDecision.DUPLICATE_DELIVERY, f"exec-d{n}")
 
-    in_python = selectors.claim_tally_of_events(_events(occurrence))
-    assert in_python == selectors.claim_tally(occurrence)
+    in_python = claim_tally_of_events(_events(occurrence))
+    assert in_python == claim_tally(occurrence)
     assert in_python.replayer_total == 13
     assert in_python.commands == 3
 
 
 def test_an_empty_tally_too(runtime: Runtime) -> None:
     occurrence = Occurrence.objects.get(pk=propose(runtime))
-    assert selectors.claim_tally_of_events(_events(occurrence)) == selectors.claim_tally(occurrence)
+    assert claim_tally_of_events(_events(occurrence)) == claim_tally(occurrence)
 
 
 def test_the_effect_line_of_the_events_read_is_the_databases(
@@ -72,7 +73,7 @@ def test_the_effect_line_of_the_events_read_is_the_databases(
     other = uuid.uuid4()
 
     def effect(kind: AuditKind, command_id: Any = command.pk, **data: Any) -> None:
-        services.audit_record(
+        audit_record(
             kind=kind,
             tenant=occurrence.tenant_id,
             occurrence=occurrence,
@@ -89,8 +90,8 @@ def test_the_effect_line_of_the_events_read_is_the_databases(
         effect(AuditKind.EFFECT_RETRY_SCHEDULED, invocation=3 + n)
     effect(AuditKind.EFFECT_COMMITTED, invocation=30, receipt="re_1")
 
-    from_history = selectors.effect_evidence(occurrence, command, history=_events(occurrence))
-    assert from_history == selectors.effect_evidence(occurrence, command)
+    from_history = effect_evidence(occurrence, command, history=_events(occurrence))
+    assert from_history == effect_evidence(occurrence, command)
     assert from_history.latest is not None and from_history.latest.kind == "effect.committed"
 
 

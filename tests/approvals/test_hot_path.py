@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from approvals import keycache, services
+from approvals.access import keycache
+from approvals.access.runtime_keys import runtime_key_authenticate, runtime_key_deactivate
 from approvals.canonical.schema import StrictValidator, contract_validator, validate_arguments
 from approvals.models import Membership, RuntimeKey, Tenant, ToolContract
 from tests.conftest import PASSWORD, Runtime, make_user
@@ -111,7 +112,7 @@ def test_the_process_that_deactivates_a_key_refuses_it_at_once(
     admin = make_user("ada", tenant, Membership.Role.ADMIN)
     assert runtime.get(CURSOR).status_code == 200
 
-    assert services.runtime_key_deactivate(key=runtime.key, admin=admin)
+    assert runtime_key_deactivate(key=runtime.key, admin=admin)
 
     assert runtime.get(CURSOR).status_code == 401  # the same instant on the fake clock
 
@@ -154,10 +155,10 @@ def test_unknown_keys_are_not_cached(runtime: Runtime, clock: FakeClock) -> None
 @in_process
 def test_a_cached_key_is_a_copy_per_request(runtime: Runtime, clock: FakeClock) -> None:
     assert runtime.get(CURSOR).status_code == 200
-    first = services.runtime_key_authenticate(runtime.raw_key)
+    first = runtime_key_authenticate(runtime.raw_key)
     assert first is not None
     first.name = "changed in one request"
-    second = services.runtime_key_authenticate(runtime.raw_key)
+    second = runtime_key_authenticate(runtime.raw_key)
     assert second is not None and second.name == runtime.key.name
     assert second.tenant.pk == runtime.key.tenant_id
 

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals import selectors
 from approvals.models import Approval, AuditEvent, Command, Occurrence
+from approvals.selectors import effect_evidence
 from approvals.vocabulary import AuditKind
 from tests.conftest import Runtime
 
@@ -37,7 +37,7 @@ def test_the_effect_line_reads_the_commands_effect_index(
     occurrence = Occurrence.objects.get(pk=approved)
     command = Command.objects.get(occurrence=occurrence)
     with CaptureQueriesContext(connection) as queries:
-        selectors.effect_evidence(occurrence, command)
+        effect_evidence(occurrence, command)
     (query,) = queries.captured_queries
     assert "audit_command_effects" in plan_of(query["sql"])
 

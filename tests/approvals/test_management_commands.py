@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from approvals import tokens
+from approvals.access import tokens
 from approvals.models import Approval, AuditEvent, Membership, Occurrence, RuntimeKey, Tenant
 from tests.conftest import REFUND_ARGS, Runtime, approve
 

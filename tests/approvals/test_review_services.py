@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from approvals import services, tokens
-from approvals.errors import InputError
+from approvals.access import tokens
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.claims.claim import approval_claim
+from approvals.claims.delivery import approval_deliver_token
+from approvals.errors import InputError, ServiceError
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -22,6 +25,8 @@ from approvals.models import (
     Occurrence,
     Tenant,
 )
+from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
+from approvals.reviews.revocation import approval_revoke, approvals_revoke
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
 BIG_REFUND = {**REFUND_ARGS, "amount_minor": 50001}
@@ -40,7 +45,7 @@ def _digest(occurrence: Occurrence) -> str:
 
 
 def _approve(occurrence: Occurrence, reviewer: Any, seen_digest: str | None = None) -> Any:
-    return services.occurrence_approve(
+    return occurrence_approve(
         occurrence=occurrence,
         reviewer=reviewer,
         seen_digest=_digest(occurrence) if seen_digest is None else seen_digest,
@@ -61,7 +66,7 @@ def _refused(code: str, status: int, call: Any, occurrence: Occurrence) -> None:
     before = _events(occurrence)
     status_before = Occurrence.objects.get(pk=occurrence.pk).status
     votes_before = ApprovalVote.objects.filter(proposal__occurrence=occurrence).count()
-    with pytest.raises(services.ServiceError) as raised:
+    with pytest.raises(ServiceError) as raised:
         call()
     assert (raised.value.code, raised.value.status) == (code, status)
     assert _events(occurrence) == before
@@ -117,7 +122,7 @@ def test_approve_refuses_the_digest_of_an_edited_away_version(
 ) -> None:
     occurrence = _propose(runtime)
     old_digest = _digest(occurrence)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=occurrence,
         editor=second_reviewer,
         arguments={**REFUND_ARGS, "amount_minor": 100},
@@ -156,7 +161,7 @@ def test_approve_refuses_what_is_no_longer_pending(
     approved = _propose(runtime)
     _approve(approved, reviewer)
     rejected = _propose(runtime, client_ref="second")
-    services.occurrence_reject(occurrence=rejected, reviewer=reviewer, reason="No")
+    occurrence_reject(occurrence=rejected, reviewer=reviewer, reason="No")
 
     _refused("not_pending", 409, lambda: _approve(approved, second_reviewer), approved)
     _refused("not_pending", 409, lambda: _approve(approved, reviewer), approved)
@@ -209,7 +214,7 @@ def test_votes_on_an_edited_away_version_do_not_count(
 ) -> None:
     occurrence = _propose(runtime, BIG_REFUND)
     _approve(occurrence, reviewer)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=occurrence,
         editor=make_user("rosa", tenant, Membership.Role.REVIEWER),
         arguments={**BIG_REFUND, "amount_minor": 60000},
@@ -230,7 +235,7 @@ def test_reject_requires_a_reason(runtime: Runtime, reviewer: Any, reason: str) 
     occurrence = _propose(runtime)
 
     with pytest.raises(InputError) as raised:
-        services.occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason=reason)
+        occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason=reason)
 
     assert (raised.value.code, raised.value.field) == ("reason_required", "reason")
     assert Occurrence.objects.get(pk=occurrence.pk).status == Occurrence.Status.PENDING_REVIEW
@@ -240,7 +245,7 @@ def test_reject_requires_a_reason(runtime: Runtime, reviewer: Any, reason: str) 
 def test_reject_records_the_reason(runtime: Runtime, reviewer: Any) -> None:
     occurrence = _propose(runtime)
 
-    rejected = services.occurrence_reject(
+    rejected = occurrence_reject(
         occurrence=occurrence, reviewer=reviewer, reason="  Wrong payment.  "
     )
 
@@ -261,14 +266,14 @@ def test_reject_refuses_a_non_reviewer_and_what_is_not_pending(
     _refused(
         "forbidden",
         403,
-        lambda: services.occurrence_reject(occurrence=occurrence, reviewer=operator, reason="x"),
+        lambda: occurrence_reject(occurrence=occurrence, reviewer=operator, reason="x"),
         occurrence,
     )
     _approve(occurrence, reviewer)
     _refused(
         "not_pending",
         409,
-        lambda: services.occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason="x"),
+        lambda: occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason="x"),
         occurrence,
     )
 
@@ -283,7 +288,7 @@ def test_edit_supersedes_the_approval_of_the_old_version(
     _approve(occurrence, reviewer)
     old_digest = _digest(occurrence)
 
-    proposal = services.proposal_edit(
+    proposal = proposal_edit(
         occurrence=occurrence,
         editor=second_reviewer,
         arguments={**REFUND_ARGS, "amount_minor": 100},
@@ -307,7 +312,7 @@ def test_edit_refuses_stale_digest_non_reviewer_and_no_change(
     edited = {**REFUND_ARGS, "amount_minor": 100}
 
     def edit(editor: Any, arguments: Any, seen: str) -> Any:
-        return lambda: services.proposal_edit(
+        return lambda: proposal_edit(
             occurrence=occurrence, editor=editor, arguments=arguments, seen_digest=seen
         )
 
@@ -331,7 +336,7 @@ def test_claimed_occurrence_cannot_be_edited(
     _refused(
         "not_editable",
         409,
-        lambda: services.proposal_edit(
+        lambda: proposal_edit(
             occurrence=occurrence,
             editor=reviewer,
             arguments={**REFUND_ARGS, "amount_minor": 100},
@@ -354,7 +359,7 @@ def test_revoke_requires_an_admin(
         _refused(
             "forbidden",
             403,
-            lambda user=user: services.approval_revoke(approval=approval, admin=user, reason="x"),
+            lambda user=user: approval_revoke(approval=approval, admin=user, reason="x"),
             occurrence,
         )
     assert Approval.objects.get(pk=approval.pk).state == Approval.State.ISSUED
@@ -364,7 +369,7 @@ def test_revoke_requires_a_reason(approved: str, admin_user: Any) -> None:
     approval = Approval.objects.get(occurrence_id=approved)
 
     with pytest.raises(InputError) as raised:
-        services.approval_revoke(approval=approval, admin=admin_user, reason=" ")
+        approval_revoke(approval=approval, admin=admin_user, reason=" ")
 
     assert raised.value.code == "reason_required"
     assert Approval.objects.get(pk=approval.pk).state == Approval.State.ISSUED
@@ -375,8 +380,8 @@ def test_admin_revokes_once_and_it_is_recorded(
 ) -> None:
     approval = Approval.objects.get(occurrence_id=approved)
 
-    assert services.approval_revoke(approval=approval, admin=admin_user, reason="Fraud")
-    assert not services.approval_revoke(approval=approval, admin=admin_user, reason="Again")
+    assert approval_revoke(approval=approval, admin=admin_user, reason="Fraud")
+    assert not approval_revoke(approval=approval, admin=admin_user, reason="Again")
 
     approval.refresh_from_db()
     assert approval.state == Approval.State.REVOKED
@@ -399,7 +404,7 @@ def test_consumed_approval_cannot_be_revoked(
     assert runtime.claim(token, "exec-a").status_code == 200
     approval = Approval.objects.get(occurrence_id=approved)
 
-    assert not services.approval_revoke(approval=approval, admin=admin_user, reason="Too late")
+    assert not approval_revoke(approval=approval, admin=admin_user, reason="Too late")
 
     approval.refresh_from_db()
     assert approval.state == Approval.State.CONSUMED
@@ -412,13 +417,13 @@ def test_bulk_revoke_revokes_only_issued_approvals(
     occurrences = [_propose(runtime, client_ref=f"ref-{i}") for i in range(3)]
     for occurrence in occurrences:
         _approve(occurrence, reviewer)
-    token = services.approval_deliver_token(occurrence=occurrences[0]).token
-    claimed = services.approval_claim(
+    token = approval_deliver_token(occurrence=occurrences[0]).token
+    claimed = approval_claim(
         tenant=tenant, token=token, tool="issue_refund", arguments=REFUND_ARGS, execution_id="e"
     )
     assert claimed.decision == "approved"
 
-    revoked = services.approvals_revoke(
+    revoked = approvals_revoke(
         approvals=Approval.objects.filter(tenant=tenant), actor="kill-switch", reason="Incident"
     )
 
@@ -448,7 +453,7 @@ def test_read_only_call_is_admitted_with_the_justification_an_epoch_would_name(
 
 
 def test_runtime_key_keeps_only_its_prefix_and_four_characters_in_clear(tenant: Tenant) -> None:
-    key, raw = services.runtime_key_create(tenant=tenant, name="ci")
+    key, raw = runtime_key_create(tenant=tenant, name="ci")
 
     assert key.prefix == raw[:7]
     assert key.prefix.startswith(tokens.RUNTIME_KEY_PREFIX)
@@ -462,7 +467,7 @@ def test_the_editor_of_a_version_cannot_approve_it_alone(
     runtime: Runtime, reviewer: Any, second_reviewer: Any
 ) -> None:
     occurrence = _propose(runtime)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=occurrence,
         editor=second_reviewer,
         arguments={**REFUND_ARGS, "payment_id": "pay_attacker"},
@@ -480,7 +485,7 @@ def test_revoking_by_approver_spares_the_live_approval_of_a_newer_version(
     third = make_user("rosa", tenant, Membership.Role.REVIEWER)
     occurrence = _propose(runtime)
     _approve(occurrence, reviewer)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=occurrence,
         editor=third,
         arguments={**REFUND_ARGS, "amount_minor": 100},
@@ -489,7 +494,7 @@ def test_revoking_by_approver_spares_the_live_approval_of_a_newer_version(
     assert _approve(occurrence, second_reviewer).issued
 
     # The old approval can authorize nothing any more: there is nothing to revoke.
-    revoked = services.approvals_revoke(
+    revoked = approvals_revoke(
         approvals=Approval.objects.filter(approver=reviewer), actor="cli", reason="incident"
     )
 
@@ -509,9 +514,7 @@ def test_kill_switch_does_not_count_approvals_that_already_expired(
         expires_at=approval.issued_at - timedelta(minutes=1),
     )
 
-    revoked = services.approvals_revoke(
-        approvals=Approval.objects.all(), actor="cli", reason="incident"
-    )
+    revoked = approvals_revoke(approvals=Approval.objects.all(), actor="cli", reason="incident")
 
     assert revoked == 0
     assert Approval.objects.get(pk=approval.pk).state == Approval.State.ISSUED

@@ -16,8 +16,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from approvals import reviewer_tokens, services, tokens
-from approvals.errors import InputError
+from approvals.access import reviewer_tokens, tokens
+from approvals.errors import InputError, ServiceError
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -75,7 +75,7 @@ def test_a_token_is_stored_only_as_its_hash(reviewer: Any, tenant: Tenant) -> No
 
 
 def test_only_a_reviewer_of_the_tenant_may_create_one(operator: Any, tenant: Tenant) -> None:
-    with pytest.raises(services.ServiceError) as refused:
+    with pytest.raises(ServiceError) as refused:
         reviewer_tokens.reviewer_token_issue(
             user=operator, tenant=tenant, name="cli", lifetime_days=7
         )
@@ -312,7 +312,7 @@ def test_only_the_owner_or_a_tenant_admin_may_revoke(
     pat_for(reviewer, tenant)
     token = ReviewerToken.objects.get()
 
-    with pytest.raises(services.ServiceError):
+    with pytest.raises(ServiceError):
         reviewer_tokens.reviewer_token_revoke(token=token, user=second_reviewer)
     assert reviewer_tokens.reviewer_token_revoke(token=token, user=admin_user)
     assert AuditEvent.objects.get(kind="reviewer_token.revoked").data["owner"] == "rita"

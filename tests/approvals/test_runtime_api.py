@@ -13,7 +13,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import presenters, services
+from approvals import presenters
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -23,6 +23,9 @@ from approvals.models import (
     Proposal,
     ToolContract,
 )
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
+from approvals.reviews.expiry import approvals_expire
+from approvals.reviews.revocation import approvals_revoke
 from tests.conftest import REFUND_ARGS, Runtime, approve
 
 pytestmark = pytest.mark.django_db
@@ -82,7 +85,7 @@ def expire(occurrence_id: str) -> None:
 
 
 def reject(occurrence_id: str, reviewer: Any, reason: str) -> None:
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason=reason
     )
 
@@ -245,7 +248,7 @@ def test_a_reviewers_edit_shows_the_new_arguments_digest_version_and_editor(
 ) -> None:
     occurrence_id = runtime.propose().json()["occurrence_id"]
     edited = {**REFUND_ARGS, "amount_minor": 7000}
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=occurrence_id),
         editor=reviewer,
         arguments=edited,
@@ -433,7 +436,7 @@ def test_renew_sends_an_expired_approval_back_to_review_as_a_new_version(
 
 def test_renew_after_the_sweep(runtime: Runtime, approved: str) -> None:
     expire(approved)
-    assert services.approvals_expire() == 1
+    assert approvals_expire() == 1
     assert detail(runtime, approved)["status"] == "expired"
 
     response = renew(runtime, approved)
@@ -530,7 +533,7 @@ def _rejected(runtime: Runtime, reviewer: Any) -> str:
 
 def _revoked(runtime: Runtime, reviewer: Any) -> str:
     occurrence_id = _approved_in_time(runtime, reviewer)
-    services.approvals_revoke(
+    approvals_revoke(
         approvals=Approval.objects.filter(occurrence_id=occurrence_id), actor="ada", reason="x"
     )
     expire(occurrence_id)
@@ -806,7 +809,7 @@ def test_canonicalize_with_a_run_tells_of_its_rejections_without_proposing(
 ) -> None:
     """A runtime that lost a rejection from its history asks before proposing again."""
     rejected = runtime.propose(run_id="run-9").json()["occurrence_id"]
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=rejected), reviewer=reviewer, reason="Not again"
     )
     before = counts()

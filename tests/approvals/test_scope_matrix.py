@@ -15,8 +15,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from approvals import services, tokens
+from approvals.access import tokens
+from approvals.claims.claim import approval_claim
 from approvals.models import Approval, AuditEvent, Command, Occurrence
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
+from approvals.reviews.revocation import approval_revoke
 from tests.conftest import REFUND_ARGS, Runtime, approve
 
 MADE_UP_TOKEN = "apv_" + "A" * 43
@@ -253,7 +256,7 @@ def test_revoked_approval_is_refused(
     runtime: Runtime, approved: str, token: str, admin_user: Any
 ) -> None:
     approval = _approval(approved)
-    assert services.approval_revoke(approval=approval, admin=admin_user, reason="Fraud suspected")
+    assert approval_revoke(approval=approval, admin=admin_user, reason="Fraud suspected")
     before = _snapshot(approval.pk)
 
     claim_expecting(runtime, token, "exec-a", "revoked", "revoked_by_admin")
@@ -265,7 +268,7 @@ def test_revoked_approval_is_refused(
 
 def test_rejected_occurrence_has_no_token(runtime: Runtime, reviewer: Any) -> None:
     occurrence_id = runtime.propose().json()["occurrence_id"]
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason="Too much"
     )
 
@@ -284,7 +287,7 @@ EDITED_ARGS = {**REFUND_ARGS, "amount_minor": 5000}
 
 def _edit(occurrence_id: str, editor: Any) -> None:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=occurrence,
         editor=editor,
         arguments=EDITED_ARGS,
@@ -383,7 +386,7 @@ def test_service_refuses_a_float_amount_that_canonicalizes_to_the_approved_one(
     runtime: Runtime, approved: str, token: str
 ) -> None:
     # The service itself refuses, whatever parsed the body.
-    result = services.approval_claim(
+    result = approval_claim(
         tenant=runtime.key.tenant,
         token=token,
         tool="issue_refund",
@@ -406,7 +409,7 @@ def _columns(obj: Any) -> dict[str, Any]:
 def test_admitted_claim_hands_back_the_command_exactly_as_stored(
     runtime: Runtime, approved: str, token: str
 ) -> None:
-    result = services.approval_claim(
+    result = approval_claim(
         tenant=runtime.key.tenant,
         token=token,
         tool="issue_refund",

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from approvals import tokens
+from approvals.access import tokens
 from approvals.models import Approval, AuditEvent, Occurrence
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_runtime
 

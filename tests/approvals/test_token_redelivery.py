@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from approvals.models import Approval, AuditEvent, Command, RetiredToken
+from approvals.reviews.revocation import approval_revoke
 from tests.conftest import Runtime, make_runtime
 
 EXECUTION = "thread-7:call_0:attempt-1"
@@ -148,10 +149,9 @@ def test_a_bad_body_is_refused_and_binds_nothing(runtime: Runtime, approved: str
 def test_a_revoked_approval_is_not_redelivered(
     runtime: Runtime, approved: str, admin_user: Any
 ) -> None:
-    from approvals import services
 
     pickup(runtime, approved, EXECUTION)
-    services.approval_revoke(
+    approval_revoke(
         approval=Approval.objects.get(occurrence_id=approved), admin=admin_user, reason="stop"
     )
 

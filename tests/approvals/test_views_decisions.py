@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from approvals import services
+from approvals.audit.record import audit_record
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -21,6 +21,8 @@ from approvals.models import (
     Occurrence,
     Tenant,
 )
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
+from approvals.reviews.revocation import approval_revoke
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_user
 
@@ -113,7 +115,7 @@ def test_stale_digest_without_htmx_shows_the_new_version_and_what_changed(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
     seen = digest_of(pending)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=pending),
         editor=second_reviewer,
         arguments=dict(REFUND_ARGS, amount_minor=9000),
@@ -143,7 +145,7 @@ def test_stale_digest_with_htmx_swaps_in_the_whole_review(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
     seen = digest_of(pending)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=pending),
         editor=second_reviewer,
         arguments=dict(REFUND_ARGS, currency="USD"),
@@ -166,7 +168,7 @@ def test_panel_poll_warns_when_a_newer_version_replaced_the_shown_one(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
     seen = digest_of(pending)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=pending),
         editor=second_reviewer,
         arguments=dict(REFUND_ARGS, amount_minor=100),
@@ -211,7 +213,7 @@ def test_self_approval_is_refused_with_a_clear_message(runtime: Runtime, reviewe
 def test_the_editor_of_a_version_is_told_and_refused(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=pending),
         editor=second_reviewer,
         arguments={**REFUND_ARGS, "payment_id": "pay_other"},
@@ -346,7 +348,7 @@ def test_edit_of_a_stale_version_keeps_the_text_and_shows_the_new_version(
     reviewer: Any, second_reviewer: Any, pending: str
 ) -> None:
     seen = digest_of(pending)
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=pending),
         editor=second_reviewer,
         arguments=dict(REFUND_ARGS, amount_minor=100),
@@ -530,7 +532,7 @@ def _delivered(runtime: Runtime, approver: Any) -> tuple[str, str]:
 
 
 def _edit(occurrence_id: str, editor: Any) -> None:
-    services.proposal_edit(
+    proposal_edit(
         occurrence=Occurrence.objects.get(pk=occurrence_id),
         editor=editor,
         arguments=dict(REFUND_ARGS, amount_minor=7000),
@@ -591,7 +593,7 @@ def test_every_change_a_reviewer_must_see_ends_the_204s(
         approve(occurrence_id, reviewer)
         expected = "issued"
     elif change == "rejected":
-        services.occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason="no")
+        occurrence_reject(occurrence=occurrence, reviewer=reviewer, reason="no")
         expected = "rejected"
     elif change in {"edited while pending", "edited while issued"}:
         _edit(occurrence_id, second_reviewer)
@@ -607,7 +609,7 @@ def test_every_change_a_reviewer_must_see_ends_the_204s(
         Command.objects.filter(occurrence_id=occurrence_id).update(state=Command.State.COMMITTED)
         expected = "consumed"
     elif change == "revoked":
-        services.approval_revoke(
+        approval_revoke(
             approval=Approval.objects.get(occurrence_id=occurrence_id), admin=watcher, reason="r"
         )
         expected = "revoked"
@@ -674,9 +676,7 @@ def test_unchanged_poll_of_a_long_history_costs_the_same_few_queries(
     poll = poll_url(client, occurrence_id)
     with django_assert_max_num_queries(UNCHANGED_PANEL_POLL_QUERIES):
         assert client.get(poll, headers=HTMX).status_code == 204
-    services.audit_record(
-        kind="claim.scope_mismatch", tenant=occurrence.tenant_id, occurrence=occurrence
-    )
+    audit_record(kind="claim.scope_mismatch", tenant=occurrence.tenant_id, occurrence=occurrence)
     assert client.get(poll, headers=HTMX).status_code == 200
 
 

@@ -12,8 +12,11 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from approvals import presenters, selectors, services
+from approvals import presenters
 from approvals.models import Membership, Occurrence, Tenant
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.proposals import occurrence_propose
+from approvals.selectors import InboxQuery, inbox_page, inbox_tools
 from approvals.templatetags.rows import inbox_row
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_user
@@ -33,7 +36,7 @@ def propose_many(runtime: Runtime, count: int, **fields: Any) -> list[str]:
     """``count`` occurrences through the service (the API would be slower), oldest first."""
     ids = []
     for n in range(count):
-        occurrence, _ = services.occurrence_propose(
+        occurrence, _ = occurrence_propose(
             runtime_key=runtime.key,
             tool=fields.get("tool", "issue_refund"),
             arguments=fields.get("arguments", dict(REFUND_ARGS, payment_id=f"pay_{n}")),
@@ -123,7 +126,7 @@ def test_state_filter(
         "lookup": propose(runtime, tool="lookup_order", arguments={"order_id": "1"}),
     }
     approve(named["approved"], reviewer)
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=named["rejected"]), reviewer=reviewer, reason="no"
     )
     page = parse(signed_in(second_reviewer).get(f"/reviews/?state={state}"))
@@ -316,9 +319,7 @@ def test_a_request_leaving_the_list_ends_the_inbox_polls_204s(
     client = signed_in(reviewer)
     poll = str(parse(client.get("/reviews/")).attr("inbox-list", "hx-get"))
     assert client.get(poll, headers=HTMX).status_code == 204
-    services.occurrence_reject(
-        occurrence=Occurrence.objects.get(pk=ids[0]), reviewer=reviewer, reason="no"
-    )
+    occurrence_reject(occurrence=Occurrence.objects.get(pk=ids[0]), reviewer=reviewer, reason="no")
     response = client.get(poll, headers=HTMX)
     assert response.status_code == 200
     assert row_ids(parse(response)) == [ids[1]]
@@ -348,7 +349,7 @@ def test_a_claimed_request_is_consumed_on_every_page(runtime: Runtime, reviewer:
 def test_inbox_rows_escape_what_the_agent_wrote_and_link_each_review(
     runtime: Runtime, reviewer: Any
 ) -> None:
-    occurrence, _ = services.occurrence_propose(
+    occurrence, _ = occurrence_propose(
         runtime_key=runtime.key,
         tool="issue_refund",
         arguments=dict(REFUND_ARGS, reason='<img src=x onerror="alert(1)">'),
@@ -388,11 +389,11 @@ def test_a_reviewer_of_two_tenants_sees_each_rows_tenant_until_scoped(
 
 def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
     occurrence_id = propose(runtime)
-    [occurrence] = selectors.inbox_page(
-        selectors.InboxQuery([runtime.key.tenant_id]),
+    [occurrence] = inbox_page(
+        InboxQuery([runtime.key.tenant_id]),
         offset=0,
         limit=1,
-        tools=selectors.inbox_tools(),
+        tools=inbox_tools(),
         tenants=[],
     )
     assert str(occurrence.pk) == occurrence_id
@@ -413,15 +414,15 @@ def test_an_inbox_pages_rows_share_their_tool_and_tenant(
     runtime: Runtime, tenant: Tenant, django_assert_num_queries: Any
 ) -> None:
     propose_many(runtime, 3)
-    occurrences = selectors.InboxQuery(tenant_ids=[tenant.pk])
-    tools = selectors.inbox_tools()
+    occurrences = InboxQuery(tenant_ids=[tenant.pk])
+    tools = inbox_tools()
     with django_assert_num_queries(3):  # the ids and rows, the proposals, the approvals
-        rows = selectors.inbox_page(occurrences, offset=0, limit=25, tools=tools, tenants=[tenant])
+        rows = inbox_page(occurrences, offset=0, limit=25, tools=tools, tenants=[tenant])
     assert len(rows) == 3
     assert all(row.tool is tools[row.tool_id] for row in rows)
     assert all(row.tenant is tenant for row in rows)
     # A tool contract added after the page read its tools is fetched, once, not missed.
     with django_assert_num_queries(4):
-        rows = selectors.inbox_page(occurrences, offset=0, limit=25, tools={}, tenants=[])
+        rows = inbox_page(occurrences, offset=0, limit=25, tools={}, tenants=[])
     assert {row.tool.name for row in rows} == {"issue_refund"}
     assert rows[0].tool is rows[1].tool

@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 
 from approvals.models import Approval, Membership, Occurrence, Tenant
+from approvals.reviews.proposals import occurrence_propose
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_user
 
@@ -86,10 +87,9 @@ def test_permission_matrix(
 
 def propose_again(ids: dict[str, Any], tenant_name: str) -> str:
     """A fresh pending occurrence in the same tenant, made without the API client."""
-    from approvals import services
 
     occurrence = Occurrence.objects.get(pk=ids["pending"])
-    fresh, _ = services.occurrence_propose(
+    fresh, _ = occurrence_propose(
         runtime_key=occurrence.runtime_key,  # type: ignore[arg-type]
         tool="issue_refund",
         arguments=dict(REFUND_ARGS),

@@ -25,12 +25,7 @@ from approvals.presenters import (
     money_lines,
     reveal,
 )
-from approvals.selectors import (
-    DELIVERED,
-    EVIDENCE_NAMES,
-    TALLY_CACHE_MIN_EVENTS,
-    ClaimTally,
-)
+from approvals.selectors import DELIVERED, EVIDENCE_NAMES, TALLY_CACHE_MIN_EVENTS, ClaimTally
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime
 

@@ -9,8 +9,9 @@ from typing import Any
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from approvals import services
+from approvals.audit.record import audit_record
 from approvals.models import Command, Occurrence, RuntimeKey
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from approvals.selectors import HISTORY_PAGE
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.approvals.test_views_inbox import propose_many, row_ids
@@ -50,7 +51,7 @@ def test_inbox_queries_do_not_grow_with_rows(
 def _grow_history(occurrence_id: str, events: int) -> None:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     for n in range(events):
-        services.audit_record(
+        audit_record(
             kind="test.note",
             tenant=occurrence.tenant_id,
             occurrence=occurrence,
@@ -91,7 +92,7 @@ def test_review_page_queries_do_not_grow_with_versions_and_votes(
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     for amount in range(100, 110):
         digest = occurrence.proposals.get(is_current=True).action_digest
-        services.proposal_edit(
+        proposal_edit(
             occurrence=occurrence,
             editor=reviewer,
             arguments={"payment_id": "p", "amount_minor": amount, "currency": "EUR", "reason": "r"},
@@ -235,7 +236,7 @@ def test_rejecter_is_named_when_the_rejection_is_older_than_the_shown_events(
     runtime: Runtime, reviewer: Any
 ) -> None:
     occurrence_id = propose(runtime)
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason="no"
     )
     _grow_history(occurrence_id, 210)

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from approvals import callbacks, metrics, ratelimit, replay_scan, vocabulary
+from approvals import metrics, vocabulary
+from approvals.access import ratelimit
+from approvals.audit import replay_scan
+from approvals.callbacks.outbox import EVENTS
 from approvals.models import Command
 from approvals.vocabulary import CLAIM_PREFIX, AuditKind, ClaimDecision
 from reconciliation import investigations
@@ -26,7 +29,7 @@ PACKAGES = ("approvals", "reconciliation")
 VOCABULARY = ROOT / "approvals" / "vocabulary.py"
 # Modules that run without Django and so cannot import the vocabulary: their copies of a
 # kind are held equal to the member by ``test_the_surfaces_name_members``.
-NO_DJANGO = {ROOT / "approvals" / "replay_scan.py"}
+NO_DJANGO = {ROOT / "approvals" / "audit" / "replay_scan.py"}
 # A kind (``claim.approved``) or a family's prefix (``claim.``).
 DOTTED = re.compile(r"^[a-z_]+\.[a-z_]*$")
 WRITERS = {"audit_record", "_audit"}
@@ -261,7 +264,7 @@ def test_the_builders_make_members_or_refuse() -> None:
 
 
 def test_the_surfaces_name_members() -> None:
-    assert all(isinstance(kind, AuditKind) for kind in callbacks.EVENTS)
+    assert all(isinstance(kind, AuditKind) for kind in EVENTS)
     assert all(isinstance(kind, AuditKind) for kind in metrics._DECISIONS)
     assert all(isinstance(kind, AuditKind) for kind in vocabulary.EFFECT_KINDS)
     assert isinstance(ratelimit.BURST_EVENT, AuditKind)

@@ -12,8 +12,11 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from approvals import reviewer_tokens, services
+from approvals.access import reviewer_tokens
+from approvals.audit.record import audit_record
 from approvals.models import Approval, Membership, Occurrence, Tenant
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.revocation import approval_revoke
 from tests.browser.a11y import (
     AxeReport,
     assert_one_polite_live_region,
@@ -59,10 +62,10 @@ def _every_state(runtime: Runtime, reviewer: Any, admin: Any) -> Occurrences:
     assert runtime.claim(token, "exec-a").json()["decision"] == "approved"
     assert runtime.claim(token, "exec-a").json()["decision"] == "duplicate_delivery"
     assert runtime.claim(token, "exec-b").status_code == 403  # a replay, refused
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=rejected), reviewer=reviewer, reason="Not this one"
     )
-    assert services.approval_revoke(
+    assert approval_revoke(
         approval=Approval.objects.get(occurrence_id=revoked), admin=admin, reason="Wrong account"
     )
     Approval.objects.filter(occurrence_id=expired).update(
@@ -163,7 +166,7 @@ def test_the_reviewer_pages_in_every_state(
     # A history longer than one window: its pager, on the newest window and an earlier one.
     consumed = Occurrence.objects.get(pk=states.consumed)
     for n in range(120):
-        services.audit_record(
+        audit_record(
             kind="test.note", tenant=consumed.tenant_id, occurrence=consumed, data={"n": n}
         )
     walk.visit("review, long history", f"/reviews/{states.consumed}/")

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from approvals import services
 from approvals.models import Approval
+from approvals.reviews.revocation import approval_revoke
 from tests.browser.a11y import (
     active_element,
     announced,
@@ -168,7 +168,7 @@ def test_approve_is_said_once_and_a_preserved_reason_keeps_focus_and_text(
     assert said[-1].count(state) == 1
 
     # An admin revokes it elsewhere: said once, as the security event it is.
-    assert services.approval_revoke(
+    assert approval_revoke(
         approval=Approval.objects.get(occurrence_id=occurrence_id),
         admin=admin_user,
         reason="Wrong account",

@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from approvals import services
 from approvals.models import Approval, Command, Epoch, Membership
+from approvals.reviews.renewal import occurrence_renew
 from reconciliation.dispatch import command_dispatch
 from reconciliation.models import OperatorDecision
 from tests.browser.a11y import active_element
@@ -209,7 +209,7 @@ def _expired_unclaimed(runtime: Runtime, reviewer: Any, ref: str, minutes_ago: i
 
 
 def _renew(approval: Approval) -> None:
-    services.occurrence_renew(occurrence=approval.occurrence, actor="runtime:test")
+    occurrence_renew(occurrence=approval.occurrence, actor="runtime:test")
 
 
 def _queue_link(approval: Approval) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from approvals import services
+from approvals.audit.record import audit_record
 from approvals.canonical.form import canonicalize
 from approvals.models import Approval, ApprovalVote, Command, Occurrence
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from tests.browser.conftest import (
     Contexts,
     login,
@@ -113,7 +114,7 @@ def test_approving_a_stale_digest_is_refused_and_shows_the_new_version(
     old_digest = page.locator("#action-digest").text_content()
 
     # Someone else edits the proposal after the page was opened.
-    edited = services.proposal_edit(
+    edited = proposal_edit(
         occurrence=Occurrence.objects.get(pk=occurrence_id),
         editor=second_reviewer,
         arguments={**REFUND_ARGS, "amount_minor": 6000},
@@ -190,7 +191,7 @@ def test_edit_form_goes_away_when_the_request_is_decided_elsewhere(
     page.locator("#edit-section summary").click()
     expect(page.locator("#edit-form")).to_be_visible()
 
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id),
         reviewer=second_reviewer,
         reason="Duplicate of an earlier refund.",
@@ -226,7 +227,7 @@ def test_saving_an_edit_after_the_claim_says_why_it_was_not_saved(
 def _notes(occurrence_id: str, count: int, start: int = 0) -> None:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     for n in range(start, start + count):
-        services.audit_record(
+        audit_record(
             kind="test.note",
             tenant=occurrence.tenant_id,
             occurrence=occurrence,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from approvals import services
 from approvals.models import Occurrence
+from approvals.reviews.decisions import occurrence_reject
 from reconciliation.dispatch import command_dispatch
 from tests.browser.conftest import VIEWPORT, login, open_review, panel, propose, wait_for_state
 from tests.conftest import Runtime, approve
@@ -77,7 +77,7 @@ def _seed_inbox(runtime: Runtime, reviewer: Any) -> str:
         run_id="run-support-1017",
         reason="The customer asked to cancel after the item shipped.",
     )
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=rejected),
         reviewer=reviewer,
         reason="Outside the 14-day return window.",

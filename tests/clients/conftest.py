@@ -14,8 +14,8 @@ import pytest
 from approval_console import ApprovalConsole, AsyncApprovalConsole, RetryPolicy
 from django.utils import timezone
 
-from approvals import services
 from approvals.models import Approval, AuditEvent, Command, Occurrence
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from tests.conftest import Runtime, approve
 
 CASE_ARGS: dict[str, Any] = {"case_id": "case_77"}
@@ -84,7 +84,7 @@ def async_console_factory(live_server: Any, runtime: Runtime) -> Callable[[], As
 
 
 def reject(occurrence_id: str, reviewer: Any, reason: str) -> None:
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason=reason
     )
 
@@ -92,9 +92,7 @@ def reject(occurrence_id: str, reviewer: Any, reason: str) -> None:
 def edit(occurrence_id: str, reviewer: Any, arguments: dict[str, Any]) -> None:
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     digest = occurrence.proposals.get(is_current=True).action_digest
-    services.proposal_edit(
-        occurrence=occurrence, editor=reviewer, arguments=arguments, seen_digest=digest
-    )
+    proposal_edit(occurrence=occurrence, editor=reviewer, arguments=arguments, seen_digest=digest)
 
 
 def expire(occurrence_id: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from approvals import services
 from approvals.models import Approval
+from approvals.reviews.expiry import approvals_expire
 from approvals.vocabulary import AuditKind, ClaimDecision, is_refused_use
 from tests.conftest import PASSWORD, Runtime
 
@@ -48,7 +48,7 @@ def test_an_expiry_is_not_flagged_and_the_late_claim_is(
     Approval.objects.filter(occurrence_id=approved).update(
         issued_at=past - timedelta(minutes=15), expires_at=past
     )
-    assert services.approvals_expire() == 1
+    assert approvals_expire() == 1
     late = runtime.claim(token, "exec-too-late")
     assert late.status_code == 403 and late.json()["decision"] == "expired"
 

@@ -19,7 +19,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from approvals import tokens
+from approvals.access import tokens
 from approvals.models import Approval, AuditDuplicateDelivery, Command, Membership
 from reconciliation.dispatch import begin, command_dispatch, perform, record
 from reconciliation.investigations import (

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from approvals import services
 from approvals.models import AuditEvent, Command, Occurrence, RuntimeKey
+from approvals.reviews.decisions import occurrence_reject
 from reconciliation.dispatch import command_dispatch
 from reconciliation.management.commands.simulate_agent import redact
 from tests.conftest import approve, make_runtime
@@ -37,7 +37,7 @@ def review(key: RuntimeKey, reviewers: list[Any], seen: list[str]) -> None:
         if str(occurrence.pk) not in seen:
             seen.append(str(occurrence.pk))
         if seen.index(str(occurrence.pk)) == 2:
-            services.occurrence_reject(
+            occurrence_reject(
                 occurrence=occurrence, reviewer=reviewers[0], reason="Outside the refund policy."
             )
             continue

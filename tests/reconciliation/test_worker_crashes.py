@@ -23,8 +23,11 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from approvals import services as approvals_services
+from approvals.claims.claim import approval_claim
+from approvals.claims.delivery import approval_deliver_token
 from approvals.models import AuditEvent, Command, Occurrence, Tenant
+from approvals.reviews.decisions import occurrence_approve
+from approvals.reviews.proposals import occurrence_propose
 from reconciliation.faults import POINTS
 from reconciliation.models import AdapterInvocation
 from tests.conftest import REFUND_ARGS, Runtime
@@ -389,7 +392,7 @@ def _claimer(
         for chunk in chunks:
             barrier.wait(timeout=60)
             for n, token, tool, args in chunk:
-                result = approvals_services.approval_claim(
+                result = approval_claim(
                     tenant=tenant,
                     token=token,
                     tool=tool,
@@ -442,14 +445,14 @@ def test_soak_racing_claims_and_random_kills_make_each_refund_once(
     for n in range(SOAK_APPROVALS):
         tool = "send_message" if n % SOAK_MESSAGE_EVERY == 0 else "issue_refund"
         args = arguments(tool, n)
-        occurrence, _ = approvals_services.occurrence_propose(
+        occurrence, _ = occurrence_propose(
             runtime_key=runtime.key, tool=tool, arguments=args, run_id="run-soak", reason="soak"
         )
         digest = occurrence.proposals.get(is_current=True).action_digest
-        assert approvals_services.occurrence_approve(
+        assert occurrence_approve(
             occurrence=occurrence, reviewer=reviewer, seen_digest=digest
         ).issued
-        token = approvals_services.approval_deliver_token(occurrence=occurrence).token
+        token = approval_deliver_token(occurrence=occurrence).token
         approvals.append((n, token, tool, args))
     created = time.monotonic() - started
 

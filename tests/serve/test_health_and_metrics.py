@@ -13,8 +13,9 @@ from django.contrib.staticfiles.storage import staticfiles_storage
 from django.core.management import call_command
 from django.test import Client, override_settings
 
-from approvals import metrics, services
+from approvals import metrics
 from approvals.models import Command, Occurrence
+from approvals.reviews.decisions import occurrence_reject
 from config import health
 from config.celery import app as celery_app
 from config.staticfiles import ConsoleStaticFilesStorage
@@ -185,7 +186,7 @@ def test_counters_follow_proposals_decisions_claims_and_dispatch(
 
     occurrence_id = first.json()["occurrence_id"]
     assert approve(occurrence_id, reviewer).issued
-    services.occurrence_reject(
+    occurrence_reject(
         occurrence=Occurrence.objects.get(pk=other.json()["occurrence_id"]),
         reviewer=reviewer,
         reason="not this one",

@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from approvals import selectors
 from approvals.models import Occurrence
+from approvals.selectors import review_get
 from tests.test_settings_hardening import STRONG_KEY, run_python
 
 pytestmark = [
@@ -63,7 +63,7 @@ def test_a_review_page_query_is_prepared_on_the_server(approved: str) -> None:
     threshold = connection.connection.prepare_threshold
     assert threshold == 5
     for _ in range(threshold + 1):
-        found = selectors.review_get(occurrence_id=occurrence.pk, tenant_ids=[occurrence.tenant_id])
+        found = review_get(occurrence_id=occurrence.pk, tenant_ids=[occurrence.tenant_id])
         assert found is not None and found.pk == occurrence.pk
     statements = [s for s in _prepared_on_this_connection() if "history_total" in s]
     assert len(statements) == 1, _prepared_on_this_connection()

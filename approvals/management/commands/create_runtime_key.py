@@ -5,7 +5,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from approvals import services
+from approvals.access.runtime_keys import runtime_key_create
 from approvals.models import RuntimeKey, Tenant
 
 
@@ -26,7 +26,7 @@ class Command(BaseCommand):
             raise CommandError(" ".join(exc.messages)) from None
         if RuntimeKey.objects.filter(tenant=tenant, name=name).exists():
             raise CommandError(f"Tenant {tenant.slug} already has a key named {name!r}.")
-        key, raw = services.runtime_key_create(tenant=tenant, name=name)
+        key, raw = runtime_key_create(tenant=tenant, name=name)
         # The explanation goes to stderr, so stdout is the key alone: KEY=$(... create_runtime_key)
         self.stderr.write(f"Runtime key {key.name} for {tenant.slug}; it is shown only now:")
         self.stdout.write(raw)

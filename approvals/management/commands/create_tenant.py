@@ -5,7 +5,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from approvals import services
+from approvals.access.tenancy import tenant_create
 from approvals.models import Tenant
 
 
@@ -27,5 +27,5 @@ class Command(BaseCommand):
             raise CommandError(" ".join(exc.messages)) from None
         if Tenant.objects.filter(slug=slug).exists():
             raise CommandError(f"Tenant {slug!r} already exists.")
-        tenant = services.tenant_create(slug=slug, name=name)
+        tenant = tenant_create(slug=slug, name=name)
         self.stdout.write(f"Created tenant {tenant.slug}.")

@@ -19,8 +19,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from approvals import replay_scan
-from approvals.replay_scan import Finding, ScanResult, show_id
+from approvals.audit import replay_scan
+from approvals.audit.replay_scan import Finding, ScanResult, show_id
 
 EXIT_CLEAN = 0
 EXIT_REPLAY = 1

@@ -18,9 +18,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from approvals import selectors, services
 from approvals.models import Approval, RuntimeKey, Tenant, ToolContract
 from approvals.presenters import money_lines
+from approvals.reviews.revocation import (
+    RevocationFilter,
+    approval_revoke_refusal,
+    approvals_revocable_of,
+    approvals_revoke,
+)
+from approvals.reviews.selectors import approvals_with_fingerprint
 
 ACTOR = "cli:revoke_approvals"
 FILTERS = ("approver", "tool", "runtime_key", "issued_before")
@@ -99,7 +105,7 @@ class Command(BaseCommand):
         if options["dry_run"]:
             count = self._dry_run(approvals)
         else:
-            count = services.approvals_revoke(approvals=approvals, actor=ACTOR, reason=reason)
+            count = approvals_revoke(approvals=approvals, actor=ACTOR, reason=reason)
             self.stdout.write(f"Revoked {count} approval(s).")
         if fingerprint is not None and count == 0:
             self._why_not(approvals, fingerprint.strip())
@@ -113,7 +119,7 @@ class Command(BaseCommand):
                 "--approver, --tool, --runtime-key and --issued-before go with --tenant, "
                 "not --fingerprint."
             )
-        return selectors.approvals_with_fingerprint(options["fingerprint"].strip())
+        return approvals_with_fingerprint(options["fingerprint"].strip())
 
     def _by_filters(self, options: dict[str, Any]) -> QuerySet[Approval]:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -131,7 +137,7 @@ class Command(BaseCommand):
             if key is None:
                 raise CommandError(f"No runtime key {options['runtime_key']!r} in {tenant.slug}.")
             key_id = key.pk
-        filters = services.RevocationFilter(
+        filters = RevocationFilter(
             tool=options["tool"] or "",
             approver=options["approver"] or "",
             runtime_key_id=key_id,
@@ -143,7 +149,7 @@ class Command(BaseCommand):
 
     def _dry_run(self, approvals: QuerySet[Approval]) -> int:
         revocable = list(
-            services.approvals_revocable_of(approvals)
+            approvals_revocable_of(approvals)
             .select_related("tenant", "approver", "proposal", "occurrence__runtime_key")
             .order_by("issued_at", "pk")
         )
@@ -157,6 +163,6 @@ class Command(BaseCommand):
         if not found:
             self.stderr.write(f"No approval has the fingerprint {fingerprint!r}.")
         for approval in found:
-            why = services.approval_revoke_refusal(approval)
+            why = approval_revoke_refusal(approval)
             if why:
                 self.stderr.write(why)

@@ -9,8 +9,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import services
+from approvals.access.runtime_keys import runtime_key_create
 from approvals.models import Membership, Tenant
+from approvals.reviews.proposals import occurrence_propose
 
 DEMO_USERS = [
     ("reviewer", "reviewer-demo", [Membership.Role.REVIEWER]),
@@ -106,9 +107,9 @@ class Command(BaseCommand):
         # The raw key is only known when it is created, so every run makes a fresh one. The
         # random suffix keeps two runs within one second from colliding on the key's name.
         name = f"demo-runtime-{timezone.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
-        key, raw = services.runtime_key_create(tenant=tenant, name=name)
+        key, raw = runtime_key_create(tenant=tenant, name=name)
         for proposal in DEMO_PROPOSALS:
-            services.occurrence_propose(runtime_key=key, **proposal)
+            occurrence_propose(runtime_key=key, **proposal)
 
         self.stdout.write(f"Demo tenant: {tenant.slug}")
         login_url = options["base_url"].rstrip("/") + reverse("login")

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from approvals import selectors, services
+from approvals.audit.chain import audit_chain_extend, audit_chain_verify
 from approvals.models import Tenant
 
 
@@ -28,12 +28,12 @@ class Command(BaseCommand):
         failed = False
         for tenant in tenants:
             try:
-                services.audit_chain_extend(tenant_id=tenant.pk)
+                audit_chain_extend(tenant_id=tenant.pk)
             except DatabaseError as exc:
                 # A forged chain can refuse to be extended (its chain_seq taken already);
                 # the walk below says what is wrong with it.
                 self.stderr.write(f"{tenant.slug}: the chain cannot be extended: {exc}")
-            report = selectors.audit_chain_verify(tenant=tenant)
+            report = audit_chain_verify(tenant=tenant)
             if report.problem is not None:
                 failed = True
                 problem = report.problem

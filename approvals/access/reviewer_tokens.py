@@ -19,8 +19,10 @@ from django.db.models import Q
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from approvals import services, tokens
-from approvals.errors import InputError
+from approvals.access import tokens
+from approvals.access.tenancy import has_role
+from approvals.audit.record import audit_record
+from approvals.errors import InputError, ServiceError
 from approvals.models import Membership, ReviewerToken, Tenant
 from approvals.vocabulary import AuditKind
 
@@ -34,8 +36,8 @@ def reviewer_token_issue(
     *, user: AbstractBaseUser, tenant: Tenant, name: str, lifetime_days: int
 ) -> tuple[ReviewerToken, str]:
     """Create a token for ``user`` in ``tenant``; return it and the raw token (shown once)."""
-    if not services.has_role(user, tenant.pk, Membership.Role.REVIEWER):
-        raise services.ServiceError(
+    if not has_role(user, tenant.pk, Membership.Role.REVIEWER):
+        raise ServiceError(
             "forbidden", "Only a reviewer of this tenant may create a token to decide.", 403
         )
     name = (name or "").strip()
@@ -57,7 +59,7 @@ def reviewer_token_issue(
                 prefix=raw[:10],
                 expires_at=now + timedelta(days=lifetime_days),
             )
-            services.audit_record(
+            audit_record(
                 kind=AuditKind.REVIEWER_TOKEN_CREATED,
                 tenant=tenant,
                 actor=str(user.get_username()),
@@ -76,9 +78,7 @@ def reviewer_token_issue(
 
 def reviewer_token_may_revoke(user: AbstractBaseUser, token: ReviewerToken) -> bool:
     """Its owner, and the tenant's admins (a reviewer who left, a token in a leaked log)."""
-    return token.user_id == user.pk or services.has_role(
-        user, token.tenant_id, Membership.Role.ADMIN
-    )
+    return token.user_id == user.pk or has_role(user, token.tenant_id, Membership.Role.ADMIN)
 
 
 def reviewer_token_revoke(
@@ -88,14 +88,14 @@ def reviewer_token_revoke(
     ``by_superuser``: the Django admin's action (its own permission check ran)."""
     allowed = by_superuser and getattr(user, "is_superuser", False)
     if not allowed and not reviewer_token_may_revoke(user, token):
-        raise services.ServiceError("forbidden", "This token is not yours to revoke.", 403)
+        raise ServiceError("forbidden", "This token is not yours to revoke.", 403)
     with transaction.atomic():
         now = timezone.now()
         changed = ReviewerToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
             revoked_at=now
         )
         if changed:
-            services.audit_record(
+            audit_record(
                 kind=AuditKind.REVIEWER_TOKEN_REVOKED,
                 tenant=token.tenant_id,
                 actor=str(user.get_username()),

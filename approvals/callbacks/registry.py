@@ -1,0 +1,147 @@
+"""Push callbacks: a runtime key registers one URL (``PUT /api/v1/callback``) and gets a
+signing secret, once; the secret is stored encrypted, since the console must sign with it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from cryptography.fernet import Fernet, InvalidToken
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from approvals.access import tokens
+from approvals.errors import InputError
+from approvals.models import (
+    CallbackDelivery,
+    RuntimeCallback,
+    RuntimeKey,
+)
+from approvals.vocabulary import AuditKind
+
+
+def _fernet() -> Fernet:
+    key = hashlib.sha256(b"approval-console callback secrets:" + settings.SECRET_KEY.encode())
+    return Fernet(base64.urlsafe_b64encode(key.digest()))
+
+
+def secret_decrypt(token: str) -> str:
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken:
+        return ""
+
+
+def _check_url(url: str) -> str:
+    url = (url or "").strip()
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise InputError(
+            "invalid_url", "The callback URL may hold no spaces or control characters.", "url"
+        )
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise InputError("invalid_url", "The callback URL must be an http(s) URL.", "url")
+    if parts.username or parts.password:
+        raise InputError("invalid_url", "Put no credentials in the callback URL.", "url")
+    if parts.scheme == "http" and not settings.CALLBACK_ALLOW_HTTP:
+        raise InputError(
+            "https_required",
+            "The callback URL must use https (CALLBACK_ALLOW_HTTP is off).",
+            "url",
+        )
+    if not settings.CALLBACK_ALLOW_PRIVATE_HOSTS and _is_private(parts.hostname):
+        raise InputError(
+            "private_host",
+            "The callback URL names a loopback or private address, which this console "
+            "does not call (CALLBACK_ALLOW_PRIVATE_HOSTS is off).",
+            "url",
+        )
+    return url
+
+
+def _is_private(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a name: resolved when called, where the network's rules apply
+    return not address.is_global
+
+
+@dataclass(frozen=True)
+class Registered:
+    callback: RuntimeCallback
+    secret: str  # shown once: when the callback is first registered or its secret rotated
+
+
+def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False) -> Registered:
+    """Register (or change) the key's callback URL. A new registration, or ``rotate``,
+    mints a new signing secret and returns it; changing only the URL keeps the secret."""
+    url = _check_url(url)
+    with transaction.atomic():
+        existing = (
+            RuntimeCallback.objects.select_for_update().filter(runtime_key=runtime_key).first()
+        )
+        secret = ""
+        if existing is None or rotate:
+            secret = tokens.mint(tokens.CALLBACK_SECRET_PREFIX)
+        if existing is None:
+            callback = RuntimeCallback.objects.create(
+                runtime_key=runtime_key,
+                url=url,
+                secret_encrypted=_fernet().encrypt(secret.encode()).decode(),
+            )
+        else:
+            existing.url = url
+            existing.is_active = True
+            fields = ["url", "is_active", "updated_at"]
+            if secret:
+                existing.secret_encrypted = _fernet().encrypt(secret.encode()).decode()
+                fields.append("secret_encrypted")
+            existing.save(update_fields=fields)
+            callback = existing
+        from approvals.audit.record import audit_record
+
+        audit_record(
+            kind=AuditKind.CALLBACK_REGISTERED,
+            tenant=runtime_key.tenant_id,
+            actor=runtime_key.actor,
+            data={"url": url, "secret_rotated": bool(secret)},
+        )
+    return Registered(callback, secret)
+
+
+def callback_remove(*, runtime_key: RuntimeKey) -> bool:
+    with transaction.atomic():
+        changed = RuntimeCallback.objects.filter(runtime_key=runtime_key, is_active=True).update(
+            is_active=False, updated_at=timezone.now()
+        )
+        if changed:
+            from approvals.audit.record import audit_record
+
+            audit_record(
+                kind=AuditKind.CALLBACK_REMOVED,
+                tenant=runtime_key.tenant_id,
+                actor=runtime_key.actor,
+            )
+    return bool(changed)
+
+
+def summary(callback: RuntimeCallback) -> dict[str, int]:
+    """The callback's deliveries by state, in one query."""
+    counts = dict.fromkeys(CallbackDelivery.State.values, 0)
+    rows = (
+        CallbackDelivery.objects.filter(callback=callback)
+        .values_list("state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for state, n in rows:
+        counts[state] = n
+    return counts

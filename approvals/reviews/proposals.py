@@ -1,0 +1,242 @@
+"""Proposing: a runtime's tool call validated against its contract, canonicalized, and
+recorded as an occurrence with its first proposal version (idempotent per run and
+``client_ref``); and the run's earlier rejections of the same action."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import (
+    Exists,
+    F,
+    OuterRef,
+    Subquery,
+)
+
+from approvals import vocabulary
+from approvals.audit.record import audit_record, db_now
+from approvals.callbacks.outbox import callback_delivery_create
+from approvals.canonical.form import CanonicalAction, canonicalize
+from approvals.canonical.schema import validate_arguments
+from approvals.errors import InputError, ServiceError
+from approvals.models import (
+    AuditEvent,
+    Epoch,
+    Occurrence,
+    Proposal,
+    RuntimeKey,
+    Tenant,
+    ToolContract,
+)
+from approvals.vocabulary import (
+    AuditKind,
+    EventDecision,
+    EventReason,
+)
+
+
+def action_canonical(tool: str, arguments: Any) -> tuple[ToolContract, CanonicalAction]:
+    """The tool's contract and the action's canonical form and digest, or the InputError a
+    proposal of it gets (unknown tool, arguments outside the contract). Writes nothing."""
+    contract = ToolContract.objects.filter(name=tool).first()
+    if contract is None:
+        raise InputError("unknown_tool", f"There is no tool contract named {tool!r}.", "tool")
+    validate_arguments(contract.json_schema, arguments)
+    return contract, canonicalize(tool, arguments)
+
+
+def occurrence_propose(
+    *,
+    runtime_key: RuntimeKey,
+    tool: str,
+    arguments: Any,
+    run_id: str,
+    reason: str,
+    requested_by: str = "",
+    client_ref: str = "",
+) -> tuple[Occurrence, bool]:
+    """Record a proposed tool call. Returns the occurrence and whether it is new.
+
+    A retried proposal with the same ``client_ref`` in the same run returns the first
+    occurrence; the same ``client_ref`` with a different action is refused, not silently
+    merged. Another run may use the same ``client_ref`` (frameworks reuse tool-call ids).
+
+    When the contract sets ``reject_repeats`` and a reviewer already rejected this action
+    (same digest) in the same run, the new occurrence is rejected at once by policy, with
+    the original reason (audited as ``occurrence.rejected``, reason ``repeat_of_rejected``).
+    """
+    tenant = runtime_key.tenant
+    contract, action = action_canonical(tool, arguments)
+
+    if client_ref:
+        existing = _existing_for_client_ref(tenant, run_id, client_ref, action.digest)
+        if existing is not None:
+            return existing, False
+
+    auto = contract.auto_admit and contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY
+    repeat_of = None
+    if contract.reject_repeats and not auto:
+        prior = prior_rejections(tenant=tenant, run_id=run_id, action_digest=action.digest, limit=1)
+        repeat_of = prior[0] if prior else None
+    try:
+        with transaction.atomic():
+            occurrence = Occurrence.objects.create(
+                tenant=tenant,
+                runtime_key=runtime_key,
+                tool=contract,
+                run_id=run_id,
+                reason=reason,
+                requested_by=requested_by,
+                client_ref=client_ref,
+                status=Occurrence.Status.AUTO_ADMITTED
+                if auto
+                else Occurrence.Status.PENDING_REVIEW,
+                admission_justification=Epoch.Justification.READ_ONLY.value if auto else "",
+            )
+            Proposal.objects.create(
+                occurrence=occurrence,
+                version=1,
+                canonical_action=action.canonical,
+                action_digest=action.digest,
+            )
+            audit_record(
+                kind=AuditKind.OCCURRENCE_PROPOSED,
+                tenant=tenant,
+                occurrence=occurrence,
+                actor=f"runtime:{runtime_key.name}",
+                data={"tool": tool, "version": 1, "action_digest": action.digest, "run_id": run_id},
+            )
+            if auto:
+                audit_record(
+                    kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
+                    tenant=tenant,
+                    occurrence=occurrence,
+                    actor="policy",
+                    decision=EventDecision.AUTO_ADMITTED,
+                    reason_code=EventReason.POLICY_READ_ONLY,
+                    data={"justification": "The tool contract is read-only and auto-admitted."},
+                )
+            if repeat_of is not None:
+                _reject_repeat(occurrence, repeat_of)
+    except IntegrityError:
+        # Another request with the same client_ref won the insert.
+        existing = (
+            _existing_for_client_ref(tenant, run_id, client_ref, action.digest)
+            if client_ref
+            else None
+        )
+        if existing is None:
+            raise
+        return existing, False
+    return occurrence, True
+
+
+def _reject_repeat(occurrence: Occurrence, repeat_of: PriorDecision) -> None:
+    """Reject a new occurrence by policy: it repeats an action rejected in its run."""
+    now = db_now()
+    Occurrence.objects.filter(pk=occurrence.pk).update(
+        status=Occurrence.Status.REJECTED,
+        rejection_reason=repeat_of.reason,
+        decided_at=now,
+        updated_at=now,
+    )
+    occurrence.refresh_from_db()
+    callback_delivery_create(
+        audit_record(
+            kind=AuditKind.OCCURRENCE_REJECTED,
+            tenant=occurrence.tenant_id,
+            occurrence=occurrence,
+            actor="policy",
+            decision=EventDecision.REJECTED,
+            reason_code=EventReason.REPEAT_OF_REJECTED,
+            data={
+                "reason": repeat_of.reason,
+                "repeat_of": str(repeat_of.occurrence_id),
+                "justification": "The same action was rejected earlier in this run and the "
+                "tool contract rejects repeats.",
+            },
+        )
+    )
+
+
+def _existing_for_client_ref(
+    tenant: Tenant, run_id: str, client_ref: str, digest: str
+) -> Occurrence | None:
+    existing = Occurrence.objects.filter(
+        tenant=tenant, run_id=run_id, client_ref=client_ref
+    ).first()
+    if existing is None:
+        return None
+    first = existing.proposals.get(version=1)
+    if first.action_digest != digest:
+        raise ServiceError(
+            "client_ref_conflict",
+            "This client_ref was already used in this run for a different action.",
+            409,
+            details={"occurrence_id": str(existing.pk)},
+        )
+    return existing
+
+
+# Prior decisions listed in a proposal's answer: the newest ones.
+PRIOR_DECISIONS_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class PriorDecision:
+    """An earlier occurrence of the same run, with the same action, that was rejected."""
+
+    occurrence_id: uuid.UUID
+    decision: str  # EventDecision.REJECTED, the one decision listed so far
+    reason: str
+    decided_at: datetime | None
+    decided_by: str  # the reviewer's username, or "policy"
+
+
+def prior_rejections(
+    *,
+    tenant: Tenant | int,
+    run_id: str,
+    action_digest: str,
+    exclude: uuid.UUID | None = None,
+    limit: int = PRIOR_DECISIONS_LIMIT,
+) -> list[PriorDecision]:
+    """Rejected occurrences of the run whose action (any version of it) had this digest,
+    newest decision first."""
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    rejected = (
+        Occurrence.objects.filter(
+            tenant_id=tenant_id, run_id=run_id, status=Occurrence.Status.REJECTED
+        )
+        .filter(
+            Exists(
+                Proposal.objects.filter(occurrence_id=OuterRef("pk"), action_digest=action_digest)
+            )
+        )
+        .annotate(
+            decided_by=Subquery(
+                AuditEvent.objects.filter(
+                    occurrence_id=OuterRef("pk"), kind=AuditKind.OCCURRENCE_REJECTED
+                )
+                .order_by("-id")
+                .values("actor")[:1]
+            )
+        )
+        .order_by(F("decided_at").desc(nulls_last=True), "-created_at")
+    )
+    if exclude is not None:
+        rejected = rejected.exclude(pk=exclude)
+    return [
+        PriorDecision(
+            occurrence_id=row["pk"],
+            decision=vocabulary.EventDecision.REJECTED,
+            reason=row["rejection_reason"],
+            decided_at=row["decided_at"],
+            decided_by=row["decided_by"] or "",
+        )
+        for row in rejected.values("pk", "rejection_reason", "decided_at", "decided_by")[:limit]
+    ]

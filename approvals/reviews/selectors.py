@@ -1,0 +1,126 @@
+"""Reads of occurrences and their approvals: by id within a tenant, by run and
+``client_ref``, with what the API shows of them, and the approval's effective state."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import (
+    Prefetch,
+    Q,
+    QuerySet,
+)
+from django.utils import timezone
+from psycopg import IsolationLevel
+
+from approvals.models import (
+    Approval,
+    Command,
+    Epoch,
+    Occurrence,
+    Proposal,
+    RetiredToken,
+    Tenant,
+)
+
+
+def parse_uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def effective_approval_state(state: str, expires_at: datetime | None, now: datetime) -> str:
+    """The state a person or runtime should see: an issued approval past its expiry is
+    expired even before anything writes that down (``now == expires_at`` is expired)."""
+    if state == Approval.State.ISSUED and expires_at is not None and expires_at <= now:
+        return Approval.State.EXPIRED
+    return state
+
+
+def approval_state(approval: Approval, now: datetime | None = None) -> str:
+    return effective_approval_state(approval.state, approval.expires_at, now or timezone.now())
+
+
+@contextlib.contextmanager
+def snapshot() -> Iterator[None]:
+    """Reads inside see the database as of one moment.
+
+    A read of an occurrence with its approvals, commands and epochs is several queries; at
+    PostgreSQL's default isolation each sees what had committed when it began, so a decision
+    committing between two of them would give an answer that never existed (status
+    ``pending_review`` beside an issued approval). Here they share one REPEATABLE READ
+    snapshot, read-only. SQLite's transaction is a snapshot already. Inside a transaction
+    that has begun (a service's, a test's) the reads keep that transaction's isolation."""
+    if connection.in_atomic_block:
+        yield
+        return
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            yield
+        return
+    # psycopg begins the transaction with its isolation level and access mode ("BEGIN
+    # ISOLATION LEVEL REPEATABLE READ READ ONLY"): one round trip, not a BEGIN and a SET.
+    connection.ensure_connection()
+    raw = connection.connection
+    level, read_only = raw.isolation_level, raw.read_only
+    raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
+    try:
+        with transaction.atomic():
+            yield
+    finally:
+        if not raw.closed:
+            raw.isolation_level, raw.read_only = level, read_only
+
+
+def occurrence_detail_queryset() -> QuerySet[Occurrence]:
+    return Occurrence.objects.select_related("tool", "tenant").prefetch_related(
+        Prefetch(
+            "proposals", queryset=Proposal.objects.select_related("edited_by").order_by("version")
+        ),
+        Prefetch("approvals", queryset=Approval.objects.select_related("approver", "proposal")),
+        Prefetch("commands", queryset=Command.objects.order_by("created_at")),
+        Prefetch("epochs", queryset=Epoch.objects.order_by("number")),
+    )
+
+
+def occurrence_get_for_tenant(*, tenant: Tenant, occurrence_id: str) -> Occurrence | None:
+    pk = parse_uuid(occurrence_id)
+    if pk is None:
+        return None
+    with snapshot():
+        return occurrence_detail_queryset().filter(tenant=tenant, pk=pk).first()
+
+
+def occurrence_lookup(*, tenant: Tenant, run_id: str, client_ref: str) -> Occurrence | None:
+    """The tenant's occurrence proposed with this ``client_ref`` in this run, if any."""
+    with snapshot():
+        return (
+            occurrence_detail_queryset()
+            .filter(tenant=tenant, run_id=run_id, client_ref=client_ref)
+            .exclude(client_ref="")
+            .first()
+        )
+
+
+def current_proposal(occurrence: Occurrence) -> Proposal:
+    """The current version, from the prefetched proposals."""
+    return next(p for p in occurrence.proposals.all() if p.is_current)
+
+
+def current_approval(occurrence: Occurrence) -> Approval | None:
+    """The approval of the current version, from the prefetched approvals."""
+    proposal = current_proposal(occurrence)
+    return next((a for a in occurrence.approvals.all() if a.proposal_id == proposal.pk), None)
+
+
+def approvals_with_fingerprint(fingerprint: str) -> QuerySet[Approval]:
+    """The approvals a token fingerprint names: the current token's, or one a re-delivery
+    retired (a fingerprint seen in an old log line still names its approval)."""
+    retired = RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id")
+    return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))
