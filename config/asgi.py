@@ -15,6 +15,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ["CONSOLE_SERVED_BY_ASGI"] = "1"
 django_application = get_asgi_application()
 
-from approvals.longpoll import LongPollApp  # noqa: E402  (after Django is set up)
+from approvals.api.longpoll import LongPollApp  # noqa: E402  (after Django is set up)
 
 application = LongPollApp(django_application)

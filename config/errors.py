@@ -26,7 +26,7 @@ from django.template import loader
 from django.urls import get_resolver, get_urlconf
 from django.utils.log import log_response
 
-from approvals.api import error_response
+from approvals.api.errors import error_response
 
 API_PREFIX = "/api/"
 

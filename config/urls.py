@@ -12,7 +12,8 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from approvals.api import api, database_unavailable_response
+from approvals.api import api
+from approvals.api.base import database_unavailable_response
 from config import errors, health
 from reconciliation.api import router as execution_router
 

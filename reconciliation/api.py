@@ -12,16 +12,10 @@ from django.http import Http404, HttpRequest
 from ninja import Field, Router, Schema, Status
 from pydantic import StrictStr, StringConstraints
 
-from approvals import openapi
-from approvals.api import (
-    AUTH_ERRORS,
-    BODY_ERRORS,
-    EffectState,
-    ErrorOut,
-    ExecutedBy,
-    StrictSchema,
-    runtime_key_of,
-)
+from approvals.api import openapi
+from approvals.api.base import runtime_key_of
+from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
+from approvals.api.schemas import EffectState, ExecutedBy, StrictSchema
 from approvals.reviews.selectors import parse_uuid
 from reconciliation import selectors, services
 

@@ -23,7 +23,7 @@ import pytest
 from django.db import connection, connections
 from django.db.models import Sum
 
-from approvals.longpoll import LISTEN_APPLICATION_NAME
+from approvals.api.longpoll import LISTEN_APPLICATION_NAME
 from approvals.models import Occurrence, RuntimeKeyUsage
 from approvals.reviews.decisions import occurrence_reject
 from tests.clients.conftest import run_async

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from django.test import Client
 
-from approvals import openapi
+from approvals.api import openapi
 from tests.conftest import Runtime, approve
 
 SCHEMA_URL = "/api/v1/openapi.json"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from approvals import presenters, vocabulary
+from approvals.api.schemas import EffectState
 from approvals.claims import claim
 from approvals.claims.claim import Decision
 from approvals.selectors import DELIVERED
@@ -51,8 +52,7 @@ def test_every_reason_a_claim_can_give_is_in_the_vocabulary() -> None:
 
 def test_the_api_names_every_effect_state() -> None:
     """The API's effect states are the commands' (``pending`` shown as ``not_sent``)."""
-    from approvals import api
     from approvals.models import EFFECT_NOT_SENT, Command
 
     effect_states = {EFFECT_NOT_SENT} | set(Command.State.values) - {Command.State.PENDING}
-    assert set(literal_values(api.EffectState)) == effect_states
+    assert set(literal_values(EffectState)) == effect_states
