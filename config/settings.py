@@ -158,8 +158,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "approvals.middleware.TraceIdMiddleware",
-    "approvals.middleware.NoStoreMiddleware",
+    "approvals.web.middleware.TraceIdMiddleware",
+    "approvals.web.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the app itself (hashed, compressed), before sessions and the rest.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -265,14 +265,14 @@ AUTH_PASSWORD_VALIDATORS = [
 # which each further failure starts again; the right password does not sign in meanwhile.
 # Attempts are rows in the database, shared by every web process.
 AUTHENTICATION_BACKENDS = [
-    "approvals.auth.LoginThrottleBackend",
+    "approvals.web.auth.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("AXES_COOLOFF_SECONDS", 15 * 60, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "approvals.auth.lockout_response"
+AXES_LOCKOUT_CALLABLE = "approvals.web.auth.lockout_response"
 # The client address is REMOTE_ADDR. Behind a reverse proxy that is the proxy's address,
 # so the lockout becomes one per username (still a lockout, but anyone can then pause a
 # known username's sign-in); see the README's deployment notes.

@@ -24,11 +24,9 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_http_methods
 
-from approvals import presenters
-from approvals.admin_views import AdminScope, admin_scope
 from approvals.errors import ServiceError
 from approvals.models import Tenant, ToolContract
-from approvals.views import console_login_required
+from approvals.web.shell import AdminScope, admin_scope, age, console_login_required
 from reconciliation import adapters, services
 from reconciliation.models import AdapterCredential, Interruption
 
@@ -99,7 +97,7 @@ def _cards(scope: AdminScope) -> list[CredentialCard]:
                     adapter=adapter,
                     tools=sorted(tools.get(adapter, [])),
                     replaced_at=replaced_at,
-                    replaced_ago=presenters.age(replaced_at, now) if replaced_at else "",
+                    replaced_ago=age(replaced_at, now) if replaced_at else "",
                     replaced_by=credential.updated_by if credential else "",
                     waiting=waiting[(tenant.pk, adapter)],
                 )

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from approvals.views import console_login_required
+from approvals.web.shell import console_login_required
 from reconciliation import investigations
 
 TEMPLATE = "reconciliation/investigation.html"

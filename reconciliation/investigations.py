@@ -63,7 +63,6 @@ from approvals.compiled import (
     ParamArray,
     ParamList,
 )
-from approvals.links import occurrence_path
 from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
@@ -74,9 +73,11 @@ from approvals.models import (
     Proposal,
     Tenant,
 )
-from approvals.presenters import MoneyLine, money_lines, reveal_html
 from approvals.reviews.selectors import effective_approval_state, parse_uuid, snapshot
 from approvals.vocabulary import AuditKind, ClaimDecision
+from approvals.web.links import occurrence_path
+from approvals.web.money import MoneyLine, money_lines
+from approvals.web.text import reveal_html
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 User = get_user_model()

@@ -10,16 +10,11 @@ from typing import Any
 from django.urls import reverse
 
 from approvals.models import Approval, Command, Epoch
-from approvals.presenters import (
-    HistoryLink,
-    MoneyLine,
-    age,
-    history_caption,
-    history_links,
-    money_lines,
-)
 from approvals.reviews.selectors import approval_state
 from approvals.vocabulary import OPERATOR_PREFIX, AuditKind, is_refused_use
+from approvals.web.money import MoneyLine, money_lines
+from approvals.web.presenters.history import HistoryLink, history_caption, history_links
+from approvals.web.shell import age
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
 from reconciliation.operations import ALLOWED_FROM

@@ -29,7 +29,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.selectors import HistoryCursor, HistoryWindow, occurrence_history
+from approvals.web.selectors.history import HistoryCursor, HistoryWindow, occurrence_history
 from reconciliation.models import (
     AdapterCredential,
     AdapterInvocation,

@@ -17,9 +17,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from approvals.errors import ServiceError
 from approvals.models import Command, Tenant
-from approvals.reviews.selectors import parse_uuid
-from approvals.selectors import HistoryCursor, console_access, tool_ids
-from approvals.views import console_login_required, header_links
+from approvals.reviews.selectors import parse_uuid, tool_ids
+from approvals.web.selectors.access import console_access
+from approvals.web.selectors.history import HistoryCursor
+from approvals.web.shell import console_login_required, header_links
 from reconciliation import operations, presenters, selectors
 
 TEMPLATE_QUEUE = "reconciliation/queue.html"

@@ -12,7 +12,6 @@ from django.http import (
 )
 from ninja import Field, Router, Schema
 
-from approvals import presenters
 from approvals.api import openapi
 from approvals.api.base import runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
@@ -21,7 +20,8 @@ from approvals.models import (
     ToolContract,
 )
 from approvals.reviews.proposals import action_canonical, prior_rejections
-from approvals.selectors import tool_contract, tool_contracts
+from approvals.reviews.selectors import tool_contract, tool_contracts
+from approvals.web.presenters.review import quorum_rule
 
 router = Router()
 
@@ -105,7 +105,7 @@ def _tool_out(contract: ToolContract) -> dict[str, Any]:
         "approval_lifetime_seconds": int(contract.approval_lifetime.total_seconds()),
         "reject_repeats": contract.reject_repeats,
         "approvals_needed": {
-            "rule": presenters.quorum_rule(contract),
+            "rule": quorum_rule(contract),
             "approvals_required": contract.approvals_required,
             "quorum_amount_argument": contract.quorum_amount_argument or None,
             "quorum_currency_argument": contract.quorum_currency_argument or None,

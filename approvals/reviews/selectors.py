@@ -17,6 +17,7 @@ from django.db.models import (
 from django.utils import timezone
 from psycopg import IsolationLevel
 
+from approvals.compiled import Compiled
 from approvals.models import (
     Approval,
     Command,
@@ -25,6 +26,7 @@ from approvals.models import (
     Proposal,
     RetiredToken,
     Tenant,
+    ToolContract,
 )
 
 
@@ -124,3 +126,33 @@ def approvals_with_fingerprint(fingerprint: str) -> QuerySet[Approval]:
     retired (a fingerprint seen in an old log line still names its approval)."""
     retired = RetiredToken.objects.filter(fingerprint=fingerprint).values("approval_id")
     return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))
+
+
+_TOOL_IDS = Compiled[tuple[str, int]](
+    lambda: ToolContract.objects.order_by("name").values_list("name", "id")
+)
+
+
+_INBOX_TOOLS = Compiled[ToolContract](
+    lambda: ToolContract.objects.defer("json_schema", "description").order_by("name")
+)
+
+
+def tool_ids() -> dict[str, int]:
+    """Tool contract ids by name, in name order: the inbox's tool filter."""
+    return dict(_TOOL_IDS.run())
+
+
+def inbox_tools() -> dict[int, ToolContract]:
+    """Every tool contract by id, in name order, without the schema and description an
+    inbox row never shows: the inbox's tool filter, and the tool of each of its rows."""
+    return {contract.pk: contract for contract in _INBOX_TOOLS.run()}
+
+
+def tool_contracts() -> list[ToolContract]:
+    """Every tool contract, in name order."""
+    return list(ToolContract.objects.order_by("name"))
+
+
+def tool_contract(name: str) -> ToolContract | None:
+    return ToolContract.objects.filter(name=name).first()

@@ -13,7 +13,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from approvals.presenters import reveal_html
+from approvals.web.text import reveal_html
 
 register = template.Library()
 

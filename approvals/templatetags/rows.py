@@ -18,8 +18,9 @@ from django import template
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.links import occurrence_path
-from approvals.presenters import HistoryRow, InboxRow
+from approvals.web.links import occurrence_path
+from approvals.web.presenters.history import HistoryRow
+from approvals.web.presenters.inbox import InboxRow
 
 register = template.Library()
 

@@ -11,8 +11,8 @@ from django import template
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.links import occurrence_path
 from approvals.templatetags.rows import cell_html
+from approvals.web.links import occurrence_path
 from reconciliation.presenters import QueueRow
 
 register = template.Library()

@@ -15,7 +15,6 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals import admin_views
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -25,6 +24,8 @@ from approvals.models import (
     RuntimeKey,
     Tenant,
 )
+from approvals.web import revocations
+from approvals.web.revocations import BATCH_SALT
 from reconciliation.adapters import credential_for
 from reconciliation.models import AdapterCredential, Interruption
 from tests.approvals.test_views_html import Html, inline_code, parse, signed_in
@@ -361,7 +362,7 @@ def test_a_forged_or_foreign_confirmation_revokes_nothing(
         "q": "preview=1",
         "ids": acme_ids,
     }
-    batch = signing.dumps(payload, salt=admin_views.BATCH_SALT, compress=True)
+    batch = signing.dumps(payload, salt=BATCH_SALT, compress=True)
     response = signed_in(gil).post(
         "/operations/revocations/revoke", {"batch": batch, "reason": "mine now"}
     )
@@ -379,7 +380,7 @@ def test_an_old_preview_is_refused(
 ) -> None:
     client = signed_in(ada)
     preview = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
-    monkeypatch.setattr(admin_views, "PREVIEW_MAX_AGE", -1)
+    monkeypatch.setattr(revocations, "PREVIEW_MAX_AGE", -1)
 
     response = client.post(
         "/operations/revocations/revoke", {"batch": batch_of(preview), "reason": "late"}

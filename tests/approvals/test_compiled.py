@@ -15,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.compiled import Compiled, Param, ParamArray, ParamList
 from approvals.models import Membership, Occurrence, Tenant
-from approvals.selectors import console_memberships, review_get, review_queryset
+from approvals.web.selectors.access import console_memberships
+from approvals.web.selectors.review import review_get, review_queryset
 from tests.conftest import Runtime, approve, make_runtime, make_user
 
 pytestmark = pytest.mark.django_db

@@ -23,8 +23,10 @@ from approvals.canonical.money import currency_exponent
 from approvals.canonical.schema import validate_arguments
 from approvals.errors import InputError, ServiceError
 from approvals.models import ApprovalVote, AuditEvent, Membership, Occurrence, Tenant, ToolContract
-from approvals.presenters import argument_flags, format_money, minor_units, money_lines, quorum_rule
 from approvals.reviews.decisions import occurrence_approve
+from approvals.web.money import format_money, minor_units, money_lines
+from approvals.web.presenters.review import quorum_rule
+from approvals.web.text import argument_flags
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, make_user
 
@@ -286,8 +288,8 @@ def test_bidi_controls_are_revealed_on_the_operators_timeline(
 
 
 def test_the_reveal_filter_leaves_revealed_text_alone() -> None:
-    from approvals.presenters import reveal_html
     from approvals.templatetags.console_text import reveal
+    from approvals.web.text import reveal_html
 
     once = reveal_html(f"a{RLO}<b>")
     assert reveal(once) is once

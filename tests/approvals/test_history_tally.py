@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.audit.record import audit_record
 from approvals.models import AuditEvent, Command, Occurrence
-from approvals.selectors import claim_tally, claim_tally_of_events, effect_evidence
 from approvals.vocabulary import AuditKind, ClaimDecision
+from approvals.web.selectors.history import claim_tally, claim_tally_of_events
+from approvals.web.selectors.review import effect_evidence
 from tests.approvals.test_views_html import propose, signed_in
 from tests.conftest import Runtime
 

@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Command, Occurrence
-from approvals.selectors import effect_evidence
 from approvals.vocabulary import AuditKind
+from approvals.web.selectors.review import effect_evidence
 from tests.conftest import Runtime
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""approvals.links: a row's link is the path ``reverse`` gives, without reversing per row."""
+"""approvals.web.links: a row's link is the path ``reverse`` gives, without reversing per row."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.urls import NoReverseMatch, clear_script_prefix, reverse, set_script_prefix
 
-from approvals.links import occurrence_path
+from approvals.web.links import occurrence_path
 
 NAMES = ["approvals:review", "approvals:panel", "reconciliation:timeline"]
 

@@ -13,7 +13,6 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals import presenters
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -26,6 +25,7 @@ from approvals.models import (
 from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from approvals.reviews.expiry import approvals_expire
 from approvals.reviews.revocation import approvals_revoke
+from approvals.web.presenters.review import quorum_rule
 from tests.conftest import REFUND_ARGS, Runtime, approve
 
 pytestmark = pytest.mark.django_db
@@ -741,7 +741,7 @@ def test_tools_lists_every_contract_with_what_a_runtime_needs(runtime: Runtime) 
     assert refund["approval_lifetime_seconds"] == 15 * 60
     assert refund["reject_repeats"] is False
     assert refund["approvals_needed"] == {
-        "rule": presenters.quorum_rule(contract),
+        "rule": quorum_rule(contract),
         "approvals_required": 2,
         "quorum_amount_argument": "amount_minor",
         "quorum_currency_argument": contract.quorum_currency_argument or None,

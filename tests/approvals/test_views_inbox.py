@@ -12,12 +12,14 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from approvals import presenters
 from approvals.models import Membership, Occurrence, Tenant
 from approvals.reviews.decisions import occurrence_reject
 from approvals.reviews.proposals import occurrence_propose
-from approvals.selectors import InboxQuery, inbox_page, inbox_tools
+from approvals.reviews.selectors import inbox_tools
 from approvals.templatetags.rows import inbox_row
+from approvals.web.presenters import inbox as inbox_presenters
+from approvals.web.selectors.inbox import InboxQuery, inbox_page
+from approvals.web.text import ArgumentFlag
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_user
 
@@ -397,10 +399,10 @@ def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
         tenants=[],
     )
     assert str(occurrence.pk) == occurrence_id
-    row = presenters.inbox_row(occurrence, timezone.now())
+    row = inbox_presenters.inbox_row(occurrence, timezone.now())
 
-    def flag(path: str) -> presenters.ArgumentFlag:
-        return presenters.ArgumentFlag(
+    def flag(path: str) -> ArgumentFlag:
+        return ArgumentFlag(
             path=SafeString(path), word=SafeString("w"), reads_as=SafeString("w"), reasons=[]
         )
 

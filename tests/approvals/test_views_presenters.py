@@ -15,17 +15,20 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from approvals.models import AuditEvent, Command
-from approvals.presenters import (
+from approvals.web.money import format_money, minor_units, money_lines
+from approvals.web.presenters.history import (
     EvidencePart,
     evidence_parts,
     evidence_text,
-    format_money,
     history_row,
-    minor_units,
-    money_lines,
-    reveal,
 )
-from approvals.selectors import DELIVERED, EVIDENCE_NAMES, TALLY_CACHE_MIN_EVENTS, ClaimTally
+from approvals.web.selectors.history import (
+    DELIVERED,
+    EVIDENCE_NAMES,
+    TALLY_CACHE_MIN_EVENTS,
+    ClaimTally,
+)
+from approvals.web.text import reveal
 from tests.approvals.test_views_html import parse, propose, signed_in
 from tests.conftest import REFUND_ARGS, Runtime
 

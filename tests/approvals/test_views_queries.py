@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from approvals.audit.record import audit_record
 from approvals.models import Command, Occurrence, RuntimeKey
 from approvals.reviews.decisions import occurrence_reject, proposal_edit
-from approvals.selectors import HISTORY_PAGE
+from approvals.web.selectors.history import HISTORY_PAGE
 from tests.approvals.test_views_html import Html, parse, propose, signed_in
 from tests.approvals.test_views_inbox import propose_many, row_ids
 from tests.conftest import Runtime, approve

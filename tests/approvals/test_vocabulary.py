@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from approvals import presenters, vocabulary
+from approvals import vocabulary
 from approvals.api.schemas import EffectState
 from approvals.claims import claim
 from approvals.claims.claim import Decision
-from approvals.selectors import DELIVERED
 from approvals.vocabulary import ClaimDecision, ClaimReason, literal_values
+from approvals.web.presenters.history import OUTCOME_TEXT, SECURITY_DECISIONS
+from approvals.web.selectors.history import DELIVERED
 from reconciliation import investigations
 
 
@@ -36,9 +37,9 @@ def test_every_surface_names_every_decision() -> None:
     assert DELIVERED == vocabulary.ADMITTING
     assert investigations.REFUSALS == vocabulary.REFUSING
     for decision in vocabulary.REFUSING:
-        assert decision in presenters.SECURITY_DECISIONS
-        assert decision in presenters.OUTCOME_TEXT
-    assert ClaimDecision.DUPLICATE_DELIVERY in presenters.OUTCOME_TEXT
+        assert decision in SECURITY_DECISIONS
+        assert decision in OUTCOME_TEXT
+    assert ClaimDecision.DUPLICATE_DELIVERY in OUTCOME_TEXT
 
 
 def test_every_reason_a_claim_can_give_is_in_the_vocabulary() -> None:

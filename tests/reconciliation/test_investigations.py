@@ -892,7 +892,7 @@ def test_queries_do_not_grow_with_rows(
 def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() -> None:
     from django.utils.safestring import SafeString
 
-    from approvals.presenters import reveal_html
+    from approvals.web.text import reveal_html
     from reconciliation.investigations import ChainRow
     from reconciliation.templatetags.investigation import chain_row
 
@@ -941,7 +941,7 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
 def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> None:
     """chain_rows builds a row's repeated cells once; rows that differ in any of them
     still render their own."""
-    from approvals.presenters import reveal_html
+    from approvals.web.text import reveal_html
     from reconciliation.investigations import ChainRow
     from reconciliation.templatetags.investigation import chain_row, chain_rows
 

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import AuditEvent, Command, Epoch, Occurrence
-from approvals.selectors import HISTORY_PAGE
+from approvals.web.selectors.history import HISTORY_PAGE
 from reconciliation.models import AdapterInvocation
 from tests.approvals.test_views_html import Html, parse, propose
 from tests.conftest import PASSWORD, Runtime

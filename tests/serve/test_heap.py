@@ -26,7 +26,7 @@ print(json.dumps({
     "before": before,
     "frozen": frozen,
     "count": gc.get_freeze_count(),
-    "views": "approvals.views" in __import__("sys").modules,
+    "views": "approvals.web.review" in __import__("sys").modules,
     "templates": sorted(key.rsplit("-", 1)[-1] for key in cache),
 }))
 """

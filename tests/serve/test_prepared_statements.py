@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import Client
 
 from approvals.models import Occurrence
-from approvals.selectors import review_get
+from approvals.web.selectors.review import review_get
 from tests.test_settings_hardening import STRONG_KEY, run_python
 
 pytestmark = [

@@ -19,7 +19,6 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.models import Approval, RuntimeKey, Tenant, ToolContract
-from approvals.presenters import money_lines
 from approvals.reviews.revocation import (
     RevocationFilter,
     approval_revoke_refusal,
@@ -27,6 +26,7 @@ from approvals.reviews.revocation import (
     approvals_revoke,
 )
 from approvals.reviews.selectors import approvals_with_fingerprint
+from approvals.web.money import money_lines
 
 ACTOR = "cli:revoke_approvals"
 FILTERS = ("approver", "tool", "runtime_key", "issued_before")

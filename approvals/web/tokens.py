@@ -19,12 +19,11 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import presenters
 from approvals.access import reviewer_tokens
 from approvals.errors import InputError, ServiceError
 from approvals.models import ReviewerToken, Tenant
-from approvals.selectors import ConsoleAccess, console_access
-from approvals.views import _chrome, console_login_required
+from approvals.web.selectors.access import ConsoleAccess, console_access
+from approvals.web.shell import age, chrome, console_login_required
 
 TEMPLATE = "approvals/access_tokens.html"
 NOT_REVIEWER = "Access tokens are for reviewers: you are not a reviewer of any tenant."
@@ -104,12 +103,12 @@ def _render(
         TokenRow(
             token,
             "revoked" if token.revoked_at else ("expired" if token.expires_at <= now else "active"),
-            presenters.age(token.last_used_at, now) if token.last_used_at else "never",
+            age(token.last_used_at, now) if token.last_used_at else "never",
         )
         for token in tokens.order_by("revoked_at", "-created_at")
     ]
     context = {
-        **_chrome(account.request, account.access),
+        **chrome(account.request, account.access),
         "rows": rows,
         "active_count": sum(1 for row in rows if row.status == "active"),
         "form": form or TokenCreateForm(tenants=account.tenants),

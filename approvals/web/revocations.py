@@ -1,27 +1,6 @@
-"""The admin pages (role admin of a tenant): revocation, one approval by fingerprint or many
-by filters, and runtime keys. An admin of tenant A never sees or touches tenant B: every
-read is restricted to the tenants where the user is an admin now, and another tenant's
-approval or key looks like none (404).
-
-**Bulk revocation** is three explicit steps:
-
-1. ``GET /operations/revocations/?preview=1&tool=…&approver=…&runtime_key=…&issued_before=…``
-   shows how many approvals the filters select that are revocable now (issued, not
-   superseded, not expired) and lists every one of them (at most ``MAX_BULK``).
-2. Below the list, the confirmation names the count ("Revoke 12 approvals") and needs a
-   reason. It carries the previewed approval ids, signed together with the user, the
-   tenants, the filters and the time of the preview.
-3. ``POST /operations/revocations/revoke`` revokes exactly the previewed approvals that are
-   still revocable at that moment: the signed ids, intersected with the tenants the user
-   is still an admin of and with the filters. Approvals issued after the preview are never
-   revoked by it (the confirmation named a count, and it is what the admin saw); the
-   result page shows each previewed approval as it stands now and how many newer ones
-   match the filters, with a link to preview again. A preview older than
-   ``PREVIEW_MAX_AGE`` is refused.
-
-Every approval revoked by one confirmation carries the same ``batch`` id in its
-``approval.revoked`` event.
-"""
+"""Admins' revocation pages (``/operations/revocations/``): filter and preview the approvals
+a bulk revocation would revoke, revoke them as one batch, read a batch back, and revoke
+one approval by its fingerprint."""
 
 from __future__ import annotations
 
@@ -41,15 +20,10 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.cache import add_never_cache_headers
-from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import presenters
-from approvals.access.runtime_keys import runtime_key_deactivate, runtime_key_issue
-from approvals.errors import InputError, ServiceError
-from approvals.models import Approval, Membership, RuntimeKey, Tenant
-from approvals.presenters import MoneyLine, Notice
+from approvals.errors import ServiceError
+from approvals.models import Approval, Membership, RuntimeKey
 from approvals.reviews.revocation import (
     RevocationFilter,
     approval_revoke,
@@ -57,71 +31,48 @@ from approvals.reviews.revocation import (
     approvals_revocable,
     approvals_revoke_by_admin,
 )
-from approvals.reviews.selectors import approvals_with_fingerprint
-from approvals.selectors import ConsoleAccess, console_access, tool_ids
-from approvals.views import _chrome, console_login_required
+from approvals.reviews.selectors import approvals_with_fingerprint, tool_ids
+from approvals.web.money import MoneyLine, money_lines
+from approvals.web.shell import (
+    AdminScope,
+    Notice,
+    _utc,
+    admin_scope,
+    age,
+    console_login_required,
+    duration,
+)
 
 TEMPLATE_REVOCATIONS = "approvals/revocations.html"
+
+
 TEMPLATE_BATCH = "approvals/revocations_batch.html"
-TEMPLATE_KEYS = "approvals/keys.html"
-TEMPLATE_KEY_CREATED = "approvals/keys_created.html"
+
 
 # One confirmation revokes at most this many approvals: the admin sees every one of them.
 MAX_BULK = 1000
+
+
 # A confirmation older than this is refused: the admin previews again.
 PREVIEW_MAX_AGE = 30 * 60
+
+
+# The salt previews are signed with: its value is kept (a preview signed before a change of
+# it would no longer verify), though the module that named it is approvals.web now.
 BATCH_SALT = "approvals.admin_views.bulk-revocation"
+
+
 # Results of the last few confirmations, for the result page after the redirect.
 SESSION_BATCHES = "revocation_batches"
+
+
 KEEP_BATCHES = 5
 
-NOT_ADMIN = "Only admins of a tenant can revoke approvals and manage runtime keys."
+
 REASON_ERRORS = {
     "required": "Say why: the reason is recorded with each revocation.",
     "max_length": "Keep the reason under 2000 characters.",
 }
-
-
-# --- who may see what -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AdminScope:
-    """The signed-in user's access and the tenants where they are an admin."""
-
-    request: HttpRequest
-    access: ConsoleAccess
-    tenants: list[Tenant]
-
-    @property
-    def tenant_ids(self) -> list[int]:
-        return [t.pk for t in self.tenants]
-
-    def tenant(self, slug: str) -> Tenant | None:
-        return next((t for t in self.tenants if t.slug == slug), None)
-
-    def context(self, section: str, **extra: Any) -> dict[str, Any]:
-        """What every admin page's template needs: the header, the admin sub-navigation."""
-        return {
-            **_chrome(self.request, self.access),
-            "admin_section": section,
-            "admin_tenants": self.tenants,
-            "show_tenant": len(self.tenants) > 1,
-            **extra,
-        }
-
-
-def admin_scope(request: HttpRequest, message: str = NOT_ADMIN) -> AdminScope:
-    """The one access check of the admin pages: admins of at least one tenant, else 403."""
-    access = console_access(request.user)
-    tenants = [t for t in access.tenants if access.is_admin(t.pk)]
-    if not tenants:
-        raise PermissionDenied(message)
-    return AdminScope(request, access, tenants)
-
-
-def _utc(moment: datetime) -> str:
-    return f"{timezone.localtime(moment, UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _until(moment: datetime, now: datetime) -> str:
@@ -130,10 +81,7 @@ def _until(moment: datetime, now: datetime) -> str:
         return "expired"
     if seconds < 60:
         return "in under a minute"
-    return f"in {presenters.duration(seconds)}"
-
-
-# --- bulk revocation: filters and preview -------------------------------------------------
+    return f"in {duration(seconds)}"
 
 
 class RevocationFilterForm(forms.Form):
@@ -282,8 +230,8 @@ def _approval_rows(approvals: list[Approval], now: datetime) -> list[ApprovalRow
     return [
         ApprovalRow(
             approval=approval,
-            money=presenters.money_lines(approval.proposal.arguments),
-            issued_ago=presenters.age(approval.issued_at, now),
+            money=money_lines(approval.proposal.arguments),
+            issued_ago=age(approval.issued_at, now),
             expires_in=_until(approval.expires_at, now),
         )
         for approval in approvals
@@ -557,9 +505,6 @@ def revocations_batch(request: HttpRequest, batch_id: uuid.UUID) -> HttpResponse
     return render(request, TEMPLATE_BATCH, context)
 
 
-# --- one approval by fingerprint ------------------------------------------------------------
-
-
 @require_POST
 @console_login_required
 def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
@@ -602,124 +547,3 @@ def revoke_fingerprint(request: HttpRequest) -> HttpResponse:
     return _render_revocations(
         scope, fingerprint_form=form, fingerprint_notice=notice, refused=approval, status=409
     )
-
-
-# --- runtime keys ---------------------------------------------------------------------------
-
-
-class KeyCreateForm(forms.Form):
-    tenant = forms.ChoiceField(required=False)
-    name = forms.CharField(
-        max_length=100,
-        error_messages={
-            "required": "Give the key a name, e.g. the runtime that will use it.",
-            "max_length": "Keep the name under 100 characters.",
-        },
-    )
-
-    def __init__(self, data: Any = None, *, scope: AdminScope) -> None:
-        super().__init__(data)
-        self.scope = scope
-        field = self.fields["tenant"]
-        assert isinstance(field, forms.ChoiceField)
-        field.choices = [(t.slug, t.name) for t in scope.tenants]
-
-    def chosen_tenant(self) -> Tenant:
-        chosen = self.scope.tenant(self.cleaned_data.get("tenant") or "")
-        return chosen or self.scope.tenants[0]
-
-    def clean_tenant(self) -> str:
-        slug: str = self.cleaned_data.get("tenant") or ""
-        if not slug and len(self.scope.tenants) > 1:
-            raise forms.ValidationError("Choose the tenant the key is for.")
-        return slug
-
-
-@dataclass(frozen=True)
-class KeyRow:
-    key: RuntimeKey
-    last_used: str
-
-
-def _render_keys(
-    scope: AdminScope, *, form: KeyCreateForm | None = None, status: int = 200
-) -> HttpResponse:
-    now = timezone.now()
-    keys = (
-        RuntimeKey.objects.filter(tenant_id__in=scope.tenant_ids)
-        .select_related("tenant")
-        .order_by("tenant__name", "-is_active", "name")
-    )
-    rows = [
-        KeyRow(key, presenters.age(key.last_used_at, now) if key.last_used_at else "never")
-        for key in keys
-    ]
-    context = scope.context(
-        "keys",
-        rows=rows,
-        active_count=sum(1 for row in rows if row.key.is_active),
-        form=form or KeyCreateForm(scope=scope),
-    )
-    return render(scope.request, TEMPLATE_KEYS, context, status=status)
-
-
-@require_GET
-@console_login_required
-def keys(request: HttpRequest) -> HttpResponse:
-    return _render_keys(admin_scope(request))
-
-
-@sensitive_variables("raw")
-@require_POST
-@console_login_required
-def keys_create(request: HttpRequest) -> HttpResponse:
-    """Create a key and show it on this response only: the console keeps its hash, and the
-    page is never cached."""
-    scope = admin_scope(request)
-    form = KeyCreateForm(request.POST, scope=scope)
-    if not form.is_valid():
-        return _render_keys(scope, form=form, status=422)
-    tenant = form.chosen_tenant()
-    try:
-        key, raw = runtime_key_issue(
-            tenant=tenant, name=form.cleaned_data["name"], admin=request.user
-        )
-    except InputError as exc:
-        form.add_error("name", exc.message)
-        return _render_keys(scope, form=form, status=422)
-    except ServiceError as exc:
-        raise PermissionDenied(exc.message) from exc
-    response = render(
-        request,
-        TEMPLATE_KEY_CREATED,
-        scope.context("keys", key=key, raw_key=raw, tenant=tenant),
-        status=201,
-    )
-    add_never_cache_headers(response)
-    return response
-
-
-@require_POST
-@console_login_required
-def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
-    scope = admin_scope(request)
-    key = (
-        RuntimeKey.objects.filter(pk=key_id, tenant_id__in=scope.tenant_ids)
-        .select_related("tenant")
-        .first()
-    )
-    if key is None:
-        raise Http404("No such runtime key in your tenants.")
-    try:
-        changed = runtime_key_deactivate(key=key, admin=request.user)
-    except ServiceError as exc:
-        raise PermissionDenied(exc.message) from exc
-    if changed:
-        messages.success(
-            request,
-            f"Deactivated runtime key {key.name} ({key.prefix}…) of {key.tenant.name}. "
-            "The API now refuses it (401).",
-        )
-    else:
-        messages.info(request, f"Runtime key {key.name} ({key.prefix}…) was already deactivated.")
-    return redirect("approvals:keys")

@@ -1,120 +1,61 @@
-"""The reviewer console: server-rendered pages whose htmx fragments come from the same
-templates. A view opens the occurrence through ``_open`` (which checks access), calls one
-service, and re-renders from the database whether the action won or lost. What a page
-shows is assembled in ``approvals.presenters``."""
+"""The review page (``/reviews/<id>/``) and its decision panel: the exact canonical action
+and its digest, and the decisions (approve, reject, edit, revoke), each re-rendered from
+the database whether it won or lost."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
-from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
-from django_htmx.middleware import HtmxDetails
+from django_htmx.http import reswap, retarget
 
-from approvals import presenters
 from approvals.canonical.parsing import parse_json
 from approvals.errors import InputError, ServiceError
-from approvals.forms import (
-    STATE_ALL,
-    ApproveForm,
-    EditForm,
-    InboxFilterForm,
-    ReasonForm,
-    TenantSwitchForm,
-)
-from approvals.models import Membership, Occurrence, Tenant
-from approvals.presenters import Notice, refusal
+from approvals.models import Membership, Occurrence
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
 from approvals.reviews.revocation import approval_revoke
 from approvals.reviews.selectors import current_proposal
-from approvals.selectors import (
-    ConsoleAccess,
-    HistoryCursor,
-    InboxFreshness,
-    InboxQuery,
+from approvals.web.forms import (
+    ApproveForm,
+    EditForm,
+    ReasonForm,
+)
+from approvals.web.presenters.review import (
+    DecisionPanel,
+    Viewer,
+    decision_panel,
+    edit_initial,
+    panel_stamp,
+    review_page,
+)
+from approvals.web.selectors.access import ConsoleAccess, console_access
+from approvals.web.selectors.history import HistoryCursor
+from approvals.web.selectors.review import (
     PanelState,
-    console_access,
     freshness_get,
-    inbox_last_event,
-    inbox_page,
-    inbox_tools,
-    inbox_total,
     occurrence_decision,
     review_get,
     review_snapshot,
 )
+from approvals.web.shell import (
+    HtmxHttpRequest,
+    Notice,
+    chrome,
+    console_login_required,
+    input_errors,
+    refusal,
+)
 
-SESSION_TENANT = "console_tenant"
-INBOX_PAGE_SIZE = 25
 REVIEW_TEMPLATE = "approvals/review.html"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-_View = TypeVar("_View", bound=Callable[..., HttpResponse])
-
-
-def console_login_required(view: _View) -> _View:
-    """login_required that sends htmx requests to the sign-in page as a whole page, not
-    as a fragment swapped into the panel."""
-
-    @wraps(view)
-    def wrapped(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if request.user.is_authenticated:
-            return view(request, *args, **kwargs)
-        # After signing in, come back to a page, never to an action URL (GET there is 405).
-        if request.htmx:
-            target = request.htmx.current_url_abs_path or reverse("approvals:inbox")
-            return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{urlencode({'next': target})}")
-        target = request.get_full_path() if request.method == "GET" else reverse("approvals:inbox")
-        return redirect_to_login(target)
-
-    return wrapped  # type: ignore[return-value]
-
-
-# --- who may see what -----------------------------------------------------------------
-
-
-def _scope(request: HttpRequest, access: ConsoleAccess) -> Tenant | None:
-    """The tenant chosen in the header, or None for all of the user's tenants."""
-    slug = request.session.get(SESSION_TENANT)
-    return next((t for t in access.tenants if t.slug == slug), None)
-
-
-def header_links(access: ConsoleAccess) -> dict[str, bool]:
-    """Which of the header's links the user gets: the operations console, the admin pages,
-    Access tokens. Every page's header, the operations console's too."""
-    return {
-        "is_operator": bool(access.operator_tenant_ids),
-        "is_admin_somewhere": any(access.is_admin(t.pk) for t in access.tenants),
-        "is_reviewer_somewhere": any(access.is_reviewer(t.pk) for t in access.tenants),
-    }
-
-
-def _chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
-    """What the header needs: the tenant switcher (it scopes the inbox), and the links."""
-    return {
-        "tenants": access.tenants,
-        "current_tenant": _scope(request, access),
-        **header_links(access),
-    }
 
 
 _REQUIRED: dict[str, str] = {
@@ -123,8 +64,8 @@ _REQUIRED: dict[str, str] = {
 }
 
 
-def _viewer(request: HttpRequest, access: ConsoleAccess, tenant_id: int) -> presenters.Viewer:
-    return presenters.Viewer(
+def _viewer(request: HttpRequest, access: ConsoleAccess, tenant_id: int) -> Viewer:
+    return Viewer(
         username=request.user.get_username(),
         is_reviewer=access.is_reviewer(tenant_id),
         is_admin=access.is_admin(tenant_id),
@@ -140,7 +81,7 @@ class Opened:
     occurrence: Occurrence
 
     @property
-    def viewer(self) -> presenters.Viewer:
+    def viewer(self) -> Viewer:
         return _viewer(self.request, self.access, self.occurrence.tenant_id)
 
     def reload(self) -> Opened:
@@ -164,99 +105,13 @@ def _open(
     return Opened(request, access, occurrence)
 
 
-# --- inbox -----------------------------------------------------------------------------
-
-
-@require_GET
-@console_login_required
-def inbox(request: HtmxHttpRequest) -> HttpResponse:
-    access = console_access(request.user)
-    scope = _scope(request, access)
-    contracts = inbox_tools()
-    tools = {contract.name: contract.pk for contract in contracts.values()}
-    form = InboxFilterForm(request.GET, tools=list(tools))
-    tool, state = form.filters()
-    tenant_ids = [scope.pk] if scope else access.tenant_ids
-    query = InboxQuery(
-        tenant_ids=tenant_ids,
-        tool_id=tools.get(tool),
-        status="" if state == STATE_ALL else state,
-    )
-    # The stamp first, from two aggregates: a poll that finds nothing new ends here.
-    total, last_change = inbox_total(query)
-    # The paginator only numbers the pages (of ``total`` rows, just read for the stamp):
-    # ``inbox_page`` reads the rows of the one shown.
-    page = Paginator(range(total), INBOX_PAGE_SIZE).get_page(request.GET.get("page"))
-    number = page.number
-    offset = (number - 1) * INBOX_PAGE_SIZE
-    fresh = InboxFreshness(
-        total=total,
-        last_change=last_change,
-        last_event_id=inbox_last_event(query, offset=offset, limit=INBOX_PAGE_SIZE),
-    )
-    rendered = presenters.inbox_stamp(
-        fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
-    )
-    if request.htmx and request.GET.get("rendered") == rendered:
-        return HttpResponse(status=204)
-
-    listing = presenters.inbox_list(
-        inbox_page(
-            query,
-            offset=offset,
-            limit=INBOX_PAGE_SIZE,
-            tools=contracts,
-            tenants=access.tenants,
-        ),
-        tool=tool,
-        state=state,
-        page=number,
-        total=total,
-        rendered=rendered,
-    )
-    context = {
-        **_chrome(request, access),
-        **listing,
-        "form": form,
-        "tool_choices": form.tool_choices,
-        "page": page,
-        "show_tenant": scope is None and len(access.tenants) > 1,
-        "has_access": bool(access.tenants),
-    }
-    if request.htmx and not request.htmx.history_restore_request:
-        return render(request, "approvals/inbox.html#inbox-list", context)
-    return render(request, "approvals/inbox.html", context)
-
-
-@require_POST
-@console_login_required
-def switch_tenant(request: HtmxHttpRequest) -> HttpResponse:
-    access = console_access(request.user)
-    form = TenantSwitchForm(request.POST)
-    form.is_valid()
-    slug = form.cleaned_data.get("tenant", "")
-    if slug and any(t.slug == slug for t in access.tenants):
-        request.session[SESSION_TENANT] = slug
-    else:
-        request.session.pop(SESSION_TENANT, None)
-    target = form.cleaned_data.get("next") or reverse("approvals:inbox")
-    if not url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        target = reverse("approvals:inbox")
-    return redirect(target)
-
-
-# --- review page -----------------------------------------------------------------------
-
-
-def _panel(opened: Opened, shown_digest: str = "") -> presenters.DecisionPanel:
+def _panel(opened: Opened, shown_digest: str = "") -> DecisionPanel:
     # The window of the history the page (or its poll) asks for with ?before= or ?after=;
     # the answer to a decision, posted without either, shows the newest events.
     query = opened.request.GET
     cursor = HistoryCursor.parse(query.get("before"), query.get("after"))
     snapshot = review_snapshot(opened.occurrence, cursor=cursor)
-    return presenters.decision_panel(snapshot, opened.viewer, shown_digest=shown_digest)
+    return decision_panel(snapshot, opened.viewer, shown_digest=shown_digest)
 
 
 def _render_review(
@@ -274,13 +129,13 @@ def _render_review(
     """The whole review page (or its body), read from the database as it is now."""
     panel = _panel(opened)
     context = {
-        **_chrome(opened.request, opened.access),
+        **chrome(opened.request, opened.access),
         **panel.context(),
-        **presenters.review_page(panel, since_digest=since_digest),
+        **review_page(panel, since_digest=since_digest),
         "notice": notice,
         "reject_form": reject_form,
         "revoke_form": revoke_form,
-        "edit_form": edit_form or EditForm(initial=presenters.edit_initial(panel.proposal)),
+        "edit_form": edit_form or EditForm(initial=edit_initial(panel.proposal)),
         "edit_errors": edit_errors or [],
     }
     return render(opened.request, template, context, status=status)
@@ -339,15 +194,13 @@ def panel(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         raise Http404("No such request in your tenants.")
     shown = request.GET.get("shown", "")
     viewer = _viewer(request, access, fresh.tenant_id)
-    current_stamp = presenters.panel_stamp(fresh, viewer, shown_digest=shown, now=timezone.now())
+    current_stamp = panel_stamp(fresh, viewer, shown_digest=shown, now=timezone.now())
     if request.GET.get("rendered") == current_stamp:
         return HttpResponse(status=204)
     current = _panel(_open(request, occurrence_id, access=access), shown)
     context = {**current.context(), "notice": None}
     return render(request, f"{REVIEW_TEMPLATE}#panel-response", context)
 
-
-# --- decisions -------------------------------------------------------------------------
 
 _LEVELS = {
     "success": messages.SUCCESS,
@@ -484,7 +337,7 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
             occurrence=opened.occurrence, editor=request.user, arguments=arguments, seen_digest=seen
         )
     except InputError as exc:
-        errors = presenters.input_errors(exc.details, exc.field, exc.message)
+        errors = input_errors(exc.details, exc.field, exc.message)
         return _render_review(opened, edit_form=form, edit_errors=errors, status=422)
     except ServiceError as exc:
         if exc.code == "forbidden":

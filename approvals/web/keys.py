@@ -1,0 +1,144 @@
+"""Admins' runtime keys page (``/operations/keys/``): create a key (shown once) and
+deactivate one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.debug import sensitive_variables
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.access.runtime_keys import runtime_key_deactivate, runtime_key_issue
+from approvals.errors import InputError, ServiceError
+from approvals.models import RuntimeKey, Tenant
+from approvals.web.shell import AdminScope, admin_scope, age, console_login_required
+
+TEMPLATE_KEYS = "approvals/keys.html"
+
+
+TEMPLATE_KEY_CREATED = "approvals/keys_created.html"
+
+
+class KeyCreateForm(forms.Form):
+    tenant = forms.ChoiceField(required=False)
+    name = forms.CharField(
+        max_length=100,
+        error_messages={
+            "required": "Give the key a name, e.g. the runtime that will use it.",
+            "max_length": "Keep the name under 100 characters.",
+        },
+    )
+
+    def __init__(self, data: Any = None, *, scope: AdminScope) -> None:
+        super().__init__(data)
+        self.scope = scope
+        field = self.fields["tenant"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(t.slug, t.name) for t in scope.tenants]
+
+    def chosen_tenant(self) -> Tenant:
+        chosen = self.scope.tenant(self.cleaned_data.get("tenant") or "")
+        return chosen or self.scope.tenants[0]
+
+    def clean_tenant(self) -> str:
+        slug: str = self.cleaned_data.get("tenant") or ""
+        if not slug and len(self.scope.tenants) > 1:
+            raise forms.ValidationError("Choose the tenant the key is for.")
+        return slug
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    key: RuntimeKey
+    last_used: str
+
+
+def _render_keys(
+    scope: AdminScope, *, form: KeyCreateForm | None = None, status: int = 200
+) -> HttpResponse:
+    now = timezone.now()
+    keys = (
+        RuntimeKey.objects.filter(tenant_id__in=scope.tenant_ids)
+        .select_related("tenant")
+        .order_by("tenant__name", "-is_active", "name")
+    )
+    rows = [
+        KeyRow(key, age(key.last_used_at, now) if key.last_used_at else "never") for key in keys
+    ]
+    context = scope.context(
+        "keys",
+        rows=rows,
+        active_count=sum(1 for row in rows if row.key.is_active),
+        form=form or KeyCreateForm(scope=scope),
+    )
+    return render(scope.request, TEMPLATE_KEYS, context, status=status)
+
+
+@require_GET
+@console_login_required
+def keys(request: HttpRequest) -> HttpResponse:
+    return _render_keys(admin_scope(request))
+
+
+@sensitive_variables("raw")
+@require_POST
+@console_login_required
+def keys_create(request: HttpRequest) -> HttpResponse:
+    """Create a key and show it on this response only: the console keeps its hash, and the
+    page is never cached."""
+    scope = admin_scope(request)
+    form = KeyCreateForm(request.POST, scope=scope)
+    if not form.is_valid():
+        return _render_keys(scope, form=form, status=422)
+    tenant = form.chosen_tenant()
+    try:
+        key, raw = runtime_key_issue(
+            tenant=tenant, name=form.cleaned_data["name"], admin=request.user
+        )
+    except InputError as exc:
+        form.add_error("name", exc.message)
+        return _render_keys(scope, form=form, status=422)
+    except ServiceError as exc:
+        raise PermissionDenied(exc.message) from exc
+    response = render(
+        request,
+        TEMPLATE_KEY_CREATED,
+        scope.context("keys", key=key, raw_key=raw, tenant=tenant),
+        status=201,
+    )
+    add_never_cache_headers(response)
+    return response
+
+
+@require_POST
+@console_login_required
+def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
+    scope = admin_scope(request)
+    key = (
+        RuntimeKey.objects.filter(pk=key_id, tenant_id__in=scope.tenant_ids)
+        .select_related("tenant")
+        .first()
+    )
+    if key is None:
+        raise Http404("No such runtime key in your tenants.")
+    try:
+        changed = runtime_key_deactivate(key=key, admin=request.user)
+    except ServiceError as exc:
+        raise PermissionDenied(exc.message) from exc
+    if changed:
+        messages.success(
+            request,
+            f"Deactivated runtime key {key.name} ({key.prefix}…) of {key.tenant.name}. "
+            "The API now refuses it (401).",
+        )
+    else:
+        messages.info(request, f"Runtime key {key.name} ({key.prefix}…) was already deactivated.")
+    return redirect("approvals:keys")
