@@ -16,7 +16,9 @@ from django.db.models import Model
 from django.http import HttpRequest
 
 from approvals.errors import ServiceError
-from reconciliation import adapters, credentials, services
+from reconciliation import adapters
+from reconciliation.credential_refresh import credential_replace
+from reconciliation.credentials import encrypt
 from reconciliation.models import (
     AdapterCredential,
     AdapterInvocation,
@@ -88,7 +90,7 @@ class AdapterCredentialAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         assert isinstance(obj, AdapterCredential)
         try:
-            outcomes = services.credential_replace(
+            outcomes = credential_replace(
                 tenant=obj.tenant,
                 adapter=obj.adapter,
                 secret=form.cleaned_data["secret"],
@@ -131,7 +133,7 @@ class WebhookTargetAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         assert isinstance(obj, WebhookTarget)
-        obj.secret_encrypted = credentials.encrypt(form.cleaned_data["secret"])
+        obj.secret_encrypted = encrypt(form.cleaned_data["secret"])
         super().save_model(request, obj, form, change)
 
 
@@ -157,7 +159,7 @@ class EscalationPolicyAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         assert isinstance(obj, EscalationPolicy)
         if form.cleaned_data.get("secret"):
-            obj.secret_encrypted = credentials.encrypt(form.cleaned_data["secret"])
+            obj.secret_encrypted = encrypt(form.cleaned_data["secret"])
         super().save_model(request, obj, form, change)
 
 

@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from approvals.audit.record import audit_record
 from approvals.vocabulary import AuditKind, EventDecision
-from reconciliation import credentials
 from reconciliation.adapters.base import http_client
 from reconciliation.adapters.webhook import SIGNATURE_HEADER, sign
+from reconciliation.credentials import decrypt
 from reconciliation.models import Escalation, EscalationPolicy
-from reconciliation.selectors import QueueItem, queue_items
+from reconciliation.selectors.queue import QueueItem, queue_items
 
 log = structlog.get_logger("reconciliation")
 
@@ -51,7 +51,7 @@ def _deliver(policy: EscalationPolicy, escalation: Escalation, body: bytes) -> t
     sent: list[str] = []
     ok = True
     if policy.webhook_url:
-        secret = credentials.decrypt(policy.secret_encrypted) if policy.secret_encrypted else ""
+        secret = decrypt(policy.secret_encrypted) if policy.secret_encrypted else ""
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": f"escalation-{escalation.pk}",

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reconciliation import admin_views, investigation_views, views
+from reconciliation.web import credentials as admin_views
+from reconciliation.web import investigations as investigation_views
+from reconciliation.web import views
 
 app_name = "reconciliation"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from reconciliation import credentials
 from reconciliation.adapters.base import Adapter
 from reconciliation.adapters.payments import PaymentsAdapter
 from reconciliation.adapters.webhook import WebhookAdapter
+from reconciliation.credentials import decrypt
 from reconciliation.models import AdapterCredential, WebhookTarget
 
 PAYMENTS = "payments"
@@ -32,7 +32,7 @@ def credential_for(*, tenant_id: int, adapter: str) -> str:
         .first()
     )
     if stored is not None:
-        return credentials.decrypt(stored)
+        return decrypt(stored)
     return str(settings.PAYMENTS_API_KEY) if adapter == PAYMENTS else ""
 
 
@@ -46,9 +46,7 @@ def adapter_for(name: str, *, tenant_id: int) -> Adapter | None:
     if name == MESSAGES:
         target = WebhookTarget.objects.filter(tenant_id=tenant_id).first()
         if target is not None:
-            return WebhookAdapter(
-                url=target.url, secret=credentials.decrypt(target.secret_encrypted)
-            )
+            return WebhookAdapter(url=target.url, secret=decrypt(target.secret_encrypted))
         return WebhookAdapter(
             url=settings.MESSAGES_WEBHOOK_URL, secret=settings.MESSAGES_WEBHOOK_SECRET
         )

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals.templatetags.rows import cell_html
-from reconciliation.investigations import ChainGap, ChainRow
+from reconciliation.investigations.page import ChainGap, ChainRow
 
 register = template.Library()
 

@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from approvals.templatetags.rows import cell_html
 from approvals.web.links import occurrence_path
-from reconciliation.presenters import QueueRow
+from reconciliation.web.presenters import QueueRow
 
 register = template.Library()
 

@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from approvals.templatetags.console_text import reveal
 from approvals.templatetags.rows import cell_html
-from reconciliation.presenters import TimelineRow
+from reconciliation.web.presenters import TimelineRow
 
 register = template.Library()
 

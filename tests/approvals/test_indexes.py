@@ -14,6 +14,9 @@ from django.utils import timezone
 from approvals.models import Approval, AuditEvent, Command, Occurrence
 from approvals.vocabulary import AuditKind
 from approvals.web.selectors.review import effect_evidence
+from reconciliation.investigations import reads as investigation_reads
+from reconciliation.investigations.gather import investigation_get
+from reconciliation.selectors.queue import Reason, queue_counts, queue_items
 from tests.conftest import Runtime
 
 pytestmark = pytest.mark.skipif(
@@ -46,7 +49,6 @@ def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
     runtime: Runtime, approved: str
 ) -> None:
     # The operations queue (reconciliation) reads approvals through an approvals index.
-    from reconciliation import selectors as operations
 
     Approval.objects.filter(occurrence_id=approved).update(
         issued_at=timezone.now() - timedelta(hours=1),
@@ -54,9 +56,9 @@ def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
     )
     now = timezone.now()
     with CaptureQueriesContext(connection) as queries:
-        counts = operations.queue_counts(tenant_ids=[runtime.key.tenant_id], now=now)
-        items = operations.queue_items(tenant_ids=[runtime.key.tenant_id], now=now, counts=counts)
-    assert counts[operations.Reason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
+        counts = queue_counts(tenant_ids=[runtime.key.tenant_id], now=now)
+        items = queue_items(tenant_ids=[runtime.key.tenant_id], now=now, counts=counts)
+    assert counts[Reason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
     reads = [q["sql"] for q in queries.captured_queries if 'FROM "approvals_approval"' in q["sql"]]
     assert len(reads) == 2  # the count and the rows
     for sql in reads:
@@ -70,7 +72,6 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
     chain's own indexes, never by walking the primary key or the tenant's (tenant, id)
     index in id order from the newest (or oldest) event: for an old chain, that is every
     event written since. With sorting switched off, a plan that can walk them would."""
-    from reconciliation import investigations
 
     assert runtime.claim(token, "exec-1").status_code == 200
     fingerprint = Approval.objects.get(occurrence_id=approved).fingerprint
@@ -88,9 +89,9 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE approvals_auditevent")
     # Fewer events read than the chain holds: the decisive ones are then read on their own.
-    monkeypatch.setattr(investigations, "EVENT_LIMIT", 1)
+    monkeypatch.setattr(investigation_reads, "EVENT_LIMIT", 1)
     with CaptureQueriesContext(connection) as queries:
-        found = investigations.investigation_get(q=fingerprint, tenant_ids=[runtime.key.tenant_id])
+        found = investigation_get(q=fingerprint, tenant_ids=[runtime.key.tenant_id])
     assert found.facts.events_total > 1
     ordered = [
         q["sql"]
@@ -122,8 +123,6 @@ def test_an_investigation_by_command_reads_the_ingested_events_command_index(
     import json
     import uuid
 
-    from reconciliation import investigations
-
     command_id = str(uuid.uuid4())
     lines = [
         {
@@ -145,7 +144,7 @@ def test_an_investigation_by_command_reads_the_ingested_events_command_index(
     assert response.status_code == 200, response.content
 
     with CaptureQueriesContext(connection) as queries:
-        found = investigations.investigation_get(q=command_id, tenant_ids=[runtime.key.tenant_id])
+        found = investigation_get(q=command_id, tenant_ids=[runtime.key.tenant_id])
     assert len(found.facts.events) == 3
     [newest] = [
         q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT DISTINCT ON")

@@ -13,7 +13,7 @@ from approvals.claims.claim import Decision
 from approvals.vocabulary import ClaimDecision, ClaimReason, literal_values
 from approvals.web.presenters.history import OUTCOME_TEXT, SECURITY_DECISIONS
 from approvals.web.selectors.history import DELIVERED
-from reconciliation import investigations
+from reconciliation.investigations.facts import REFUSALS
 
 
 def test_the_api_literals_are_the_vocabularys_groups() -> None:
@@ -35,7 +35,7 @@ def test_the_schema_lists_exactly_the_decisions(client: Any) -> None:
 def test_every_surface_names_every_decision() -> None:
     assert Decision is ClaimDecision
     assert DELIVERED == vocabulary.ADMITTING
-    assert investigations.REFUSALS == vocabulary.REFUSING
+    assert REFUSALS == vocabulary.REFUSING
     for decision in vocabulary.REFUSING:
         assert decision in SECURITY_DECISIONS
         assert decision in OUTCOME_TEXT

@@ -20,8 +20,8 @@ from approvals.audit import replay_scan
 from approvals.callbacks.outbox import EVENTS
 from approvals.models import Command
 from approvals.vocabulary import CLAIM_PREFIX, AuditKind, ClaimDecision
-from reconciliation import investigations
-from reconciliation import services as reconciliation_services
+from reconciliation.effects import _STATE_FOR_REPORT, ReportedOutcome
+from reconciliation.investigations.facts import COMMITTED_KIND, REDELIVERED_KIND
 from reconciliation.models import OperatorDecision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,10 +198,7 @@ def written_members() -> set[AuditKind]:
     # an effect is settled in (by the worker or a runtime's report).
     written |= {AuditKind.for_claim(d) for d in ClaimDecision if d != ClaimDecision.APPROVED}
     written |= {AuditKind.for_operator(a) for a in OperatorDecision.Action}
-    written |= {
-        AuditKind.for_effect(state)
-        for state in set(reconciliation_services._STATE_FOR_REPORT.values())
-    }
+    written |= {AuditKind.for_effect(state) for state in set(_STATE_FOR_REPORT.values())}
     return written
 
 
@@ -268,8 +265,8 @@ def test_the_surfaces_name_members() -> None:
     assert all(isinstance(kind, AuditKind) for kind in metrics._DECISIONS)
     assert all(isinstance(kind, AuditKind) for kind in vocabulary.EFFECT_KINDS)
     assert isinstance(ratelimit.BURST_EVENT, AuditKind)
-    assert isinstance(investigations.COMMITTED_KIND, AuditKind)
-    assert isinstance(investigations.REDELIVERED_KIND, AuditKind)
+    assert isinstance(COMMITTED_KIND, AuditKind)
+    assert isinstance(REDELIVERED_KIND, AuditKind)
     # replay_scan runs without Django (the bench imports it bare): its copy is held here.
     assert replay_scan.CLAIM_APPROVED_KIND == AuditKind.CLAIM_APPROVED
     assert AuditKind.CLAIM_APPROVED.startswith(CLAIM_PREFIX)
@@ -380,9 +377,6 @@ def test_stored_event_words_keep_their_values() -> None:
     }
     with pytest.raises(ValueError):
         vocabulary.EventReason.already(Command.State.PENDING)
-    assert {
-        vocabulary.EventReason.reported(outcome)
-        for outcome in reconciliation_services.ReportedOutcome.ALL
-    } == {
+    assert {vocabulary.EventReason.reported(outcome) for outcome in ReportedOutcome.ALL} == {
         reason for reason in vocabulary.EventReason if reason.startswith(vocabulary.REPORTED_PREFIX)
     }

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from approvals.models import AuditEvent, Command, Epoch
-from reconciliation import services
+from reconciliation.credential_refresh import credential_replace
 from reconciliation.dispatch import command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, Interruption
 from tests.conftest import Runtime
@@ -200,7 +200,7 @@ def test_a_replaced_credential_admits_one_linked_epoch_and_one_more_call(
     interruption = Interruption.objects.get(command=command)
 
     with django_capture_on_commit_callbacks() as callbacks:
-        [epoch] = services.credential_replace(
+        [epoch] = credential_replace(
             tenant=command.tenant, adapter="payments", secret=remote.api_key, actor="ada"
         )
     assert len(callbacks) == 1, "the command is enqueued again once"
@@ -246,7 +246,7 @@ def test_restored_authority_alone_does_not_replay_an_unknown_effect(
         challenges=[CHALLENGE],
     )
 
-    [refusal] = services.credential_replace(
+    [refusal] = credential_replace(
         tenant=command.tenant, adapter="messages", secret="whsec_new", actor="ada"
     )
 

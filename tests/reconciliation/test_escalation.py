@@ -14,7 +14,7 @@ from django.core import mail
 from django.utils import timezone
 
 from approvals.models import AuditEvent, Command
-from reconciliation import credentials
+from reconciliation.credentials import encrypt
 from reconciliation.dispatch import command_dispatch
 from reconciliation.escalation import escalations_run
 from reconciliation.models import Escalation, EscalationPolicy
@@ -44,7 +44,7 @@ def policy(tenant: Any, remote: SandboxProcess) -> EscalationPolicy:
         tenant=tenant,
         after_minutes=30,
         webhook_url=f"{remote.url}/v1/messages",
-        secret_encrypted=credentials.encrypt(SECRET),
+        secret_encrypted=encrypt(SECRET),
         email="oncall@example.com",
     )
 

@@ -22,12 +22,10 @@ from django.test.utils import CaptureQueriesContext
 from approvals.access import tokens
 from approvals.models import Approval, AuditDuplicateDelivery, Command, Membership
 from reconciliation.dispatch import begin, command_dispatch, perform, record
-from reconciliation.investigations import (
-    CONTROL_FAILURE,
-    CONTROL_WORKING,
-    DUPLICATED_AUDIT_DELIVERY,
-    HEALTHY_REDELIVERY,
-    IDEMPOTENT_EXECUTION_FAILURE,
+from reconciliation.investigations import page as investigation_page_module
+from reconciliation.investigations import reads as investigation_reads
+from reconciliation.investigations.access import query_read
+from reconciliation.investigations.facts import (
     ApprovalFact,
     CommandFact,
     DecisionFact,
@@ -35,8 +33,15 @@ from reconciliation.investigations import (
     EventFact,
     Facts,
     InvocationFact,
+)
+from reconciliation.investigations.gather import investigation_get
+from reconciliation.investigations.verdict import (
+    CONTROL_FAILURE,
+    CONTROL_WORKING,
+    DUPLICATED_AUDIT_DELIVERY,
+    HEALTHY_REDELIVERY,
+    IDEMPOTENT_EXECUTION_FAILURE,
     assess,
-    query_read,
 )
 from reconciliation.models import AdapterInvocation
 from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_runtime, make_user
@@ -658,7 +663,7 @@ def test_the_events_are_read_as_the_verdict_reads_them(tenant: Any) -> None:
     """Ids as str(uuid) (on PostgreSQL the database writes them), none as "", and a
     receipt only where an effect event's payload names one as a string."""
     from approvals.models import AuditEvent
-    from reconciliation.investigations import investigation_get
+    from reconciliation.investigations.gather import investigation_get
 
     command_id = uuid.uuid4()
     written = [
@@ -893,7 +898,7 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
     from django.utils.safestring import SafeString
 
     from approvals.web.text import reveal_html
-    from reconciliation.investigations import ChainRow
+    from reconciliation.investigations.page import ChainRow
     from reconciliation.templatetags.investigation import chain_row
 
     at = datetime(2026, 12, 1, 9, 8, 7, 654321, tzinfo=UTC)
@@ -942,7 +947,7 @@ def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> 
     """chain_rows builds a row's repeated cells once; rows that differ in any of them
     still render their own."""
     from approvals.web.text import reveal_html
-    from reconciliation.investigations import ChainRow
+    from reconciliation.investigations.page import ChainRow
     from reconciliation.templatetags.investigation import chain_row, chain_rows
 
     first = ChainRow(
@@ -983,10 +988,10 @@ def test_the_chains_rows_share_their_repeated_cells_but_each_keeps_its_own() -> 
 def test_a_long_chain_shows_its_newest_steps_and_every_decisive_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from reconciliation import investigations
-    from reconciliation.investigations import ChainGap, Investigation, chain_rows
+    from reconciliation.investigations.gather import Investigation
+    from reconciliation.investigations.page import ChainGap, chain_rows
 
-    monkeypatch.setattr(investigations, "CHAIN_WINDOW", 3)
+    monkeypatch.setattr(investigation_page_module, "CHAIN_WINDOW", 3)
     at = [T0 + timedelta(seconds=n) for n in range(11)]
     replays = [
         event("claim.replayed", execution_id=f"exec-r{n}", source_time=at[n]) for n in range(11)
@@ -1034,14 +1039,14 @@ def test_a_long_chain_shows_its_newest_steps_and_every_decisive_one(
 def test_a_gap_names_at_most_three_kinds() -> None:
     from collections import Counter
 
-    from reconciliation.investigations import _kinds
+    from reconciliation.investigations.page import _kinds
 
     kinds = Counter({"claim.replayed": 7, "claim.expired": 2, "claim.revoked": 2, "x": 1})
     assert _kinds(kinds) == "7 claim.replayed, 2 claim.expired, 2 claim.revoked, 1 of other kinds"
 
 
 def test_a_gap_row_says_what_it_hides_and_links_to_every_step() -> None:
-    from reconciliation.investigations import ChainGap
+    from reconciliation.investigations.page import ChainGap
     from reconciliation.templatetags.investigation import chain_row
 
     gap = ChainGap(4, "3 claim.replayed, 1 <b>odd</b>")
@@ -1064,9 +1069,8 @@ def _chain_table(page: str) -> str:
 def test_the_page_shows_a_long_chain_in_a_window_and_every_step_on_request(
     runtime: Runtime, reviewer: Any, ops: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reconciliation import investigations
 
-    monkeypatch.setattr(investigations, "CHAIN_WINDOW", 3)
+    monkeypatch.setattr(investigation_page_module, "CHAIN_WINDOW", 3)
     story = control_working(runtime, reviewer)
     for n in range(8):
         assert runtime.claim(story.token, f"exec-r{n}").json()["decision"] == "replayed"
@@ -1108,14 +1112,13 @@ def test_past_the_events_read_the_verdict_still_rests_on_the_decisive_ones(
     """The newest EVENT_LIMIT events are read, and before them every approved claim and
     committed effect (found by their own indexes), and the chain is counted whole; a chain
     that fits is neither counted nor searched twice."""
-    from reconciliation import investigations
 
     story = control_working(runtime, reviewer)
     with CaptureQueriesContext(connection) as short:
         assert investigate(ops, story.fingerprint)[0] == 200
     assert not [q for q in short.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
 
-    monkeypatch.setattr(investigations, "EVENT_LIMIT", 4)
+    monkeypatch.setattr(investigation_reads, "EVENT_LIMIT", 4)
     for n in range(6):
         runtime.claim(story.token, f"exec-r{n}", message_id=f"m-r{n}")
     with CaptureQueriesContext(connection) as long:
@@ -1131,9 +1134,9 @@ def test_past_the_events_read_the_verdict_still_rests_on_the_decisive_ones(
     # The events read are the chain's four newest (each once, whichever ways the chain
     # names it: by fingerprint, by occurrence) and, before them, only decisive ones.
     tenant_ids = [runtime.key.tenant_id]
-    read = investigations.investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
-    monkeypatch.setattr(investigations, "EVENT_LIMIT", 1000)
-    whole = investigations.investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
+    read = investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
+    monkeypatch.setattr(investigation_reads, "EVENT_LIMIT", 1000)
+    whole = investigation_get(q=story.fingerprint, tenant_ids=tenant_ids).facts
     assert (read.events_newest, read.events_total, len(whole.events)) == (4, 12, 12)
     newest = sorted(e.pk for e in whole.events)[-4:]
     assert sorted(e.pk for e in read.events)[-4:] == newest

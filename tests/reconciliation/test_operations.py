@@ -13,9 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Command, Epoch, Membership, ToolContract
-from reconciliation import selectors
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
+from reconciliation.selectors import queue as queue_selectors
+from reconciliation.selectors.queue import Reason, _queue_querysets, queue_counts
 from tests.conftest import PASSWORD, Runtime, approve, make_user
 from tests.reconciliation.conftest import claim_command
 from tests.reconciliation.sandbox_fixture import SandboxProcess
@@ -168,25 +169,25 @@ def test_the_queues_counts_are_one_statement_with_each_reasons_own_count(
     tenant_ids = [runtime.key.tenant_id]
 
     with CaptureQueriesContext(connection) as queries:
-        counts = selectors.queue_counts(tenant_ids=tenant_ids, now=now)
+        counts = queue_counts(tenant_ids=tenant_ids, now=now)
 
     assert len(queries) == 1
     separately = {
         reason: queryset.count()
-        for reason, (queryset, _) in selectors._queue_querysets(tenant_ids, now, None).items()
+        for reason, (queryset, _) in _queue_querysets(tenant_ids, now, None).items()
     }
     assert counts == separately
     assert counts == {
-        selectors.Reason.OUTCOME_UNKNOWN: 2,
-        selectors.Reason.INTERRUPTED: 1,
-        selectors.Reason.STUCK_SENDING: 1,
-        selectors.Reason.STUCK_PENDING: 0,
-        selectors.Reason.EXPIRED_UNCLAIMED: 1,
+        Reason.OUTCOME_UNKNOWN: 2,
+        Reason.INTERRUPTED: 1,
+        Reason.STUCK_SENDING: 1,
+        Reason.STUCK_PENDING: 0,
+        Reason.EXPIRED_UNCLAIMED: 1,
     }
     send_message = ToolContract.objects.get(name="send_message").pk
-    by_tool = selectors.queue_counts(tenant_ids=tenant_ids, now=now, tool_id=send_message)
-    assert by_tool[selectors.Reason.OUTCOME_UNKNOWN] == 2
-    assert by_tool[selectors.Reason.INTERRUPTED] == 0
+    by_tool = queue_counts(tenant_ids=tenant_ids, now=now, tool_id=send_message)
+    assert by_tool[Reason.OUTCOME_UNKNOWN] == 2
+    assert by_tool[Reason.INTERRUPTED] == 0
 
 
 # --- the timeline ---------------------------------------------------------------------------
@@ -432,7 +433,7 @@ def test_an_unknown_action_is_404(
 def test_the_queue_lists_the_oldest_and_says_how_many_more_wait(
     runtime: Runtime, reviewer: Any, ops: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(selectors, "QUEUE_LIMIT", 2)
+    monkeypatch.setattr(queue_selectors, "QUEUE_LIMIT", 2)
     oldest, middle, newest = (
         _expired_unclaimed(runtime, reviewer, f"e{n}", minutes)
         for n, minutes in enumerate((30, 20, 10))

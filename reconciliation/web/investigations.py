@@ -14,7 +14,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from approvals.web.shell import console_login_required
-from reconciliation import investigations
+from reconciliation.investigations.access import investigator_access, query_read
+from reconciliation.investigations.gather import investigation_get
+from reconciliation.investigations.page import investigation_page
 
 TEMPLATE = "reconciliation/investigation.html"
 
@@ -22,10 +24,10 @@ TEMPLATE = "reconciliation/investigation.html"
 @require_GET
 @console_login_required
 def investigation(request: HttpRequest) -> HttpResponse:
-    access = investigations.investigator_access(request.user)
+    access = investigator_access(request.user)
     if not access.tenant_ids:
         raise PermissionDenied("Only operators and admins of a tenant can investigate.")
-    read = investigations.query_read(request.GET.get("q", ""))
+    read = query_read(request.GET.get("q", ""))
     here = reverse("reconciliation:investigations")
     if read.fingerprint_of_token:
         # Never keep a raw token in the address bar, the history or the page.
@@ -45,11 +47,11 @@ def investigation(request: HttpRequest) -> HttpResponse:
         "q": read.q,
     }
     if read.q:
-        found = investigations.investigation_get(q=read.q, tenant_ids=access.tenant_ids)
+        found = investigation_get(q=read.q, tenant_ids=access.tenant_ids)
         context["found"] = found.found
         if found.found:
             context.update(
-                investigations.investigation_page(
+                investigation_page(
                     found,
                     operator_tenant_ids=access.operator_tenant_ids,
                     show_tenant=len(access.tenant_ids) > 1,

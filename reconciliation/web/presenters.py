@@ -17,8 +17,9 @@ from approvals.web.presenters.history import HistoryLink, history_caption, histo
 from approvals.web.shell import age
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
-from reconciliation.operations import ALLOWED_FROM
-from reconciliation.selectors import QueueItem, Reason, Timeline, queue_item_arguments
+from reconciliation.operator_actions import ALLOWED_FROM
+from reconciliation.selectors.queue import QueueItem, Reason, queue_item_arguments
+from reconciliation.selectors.timeline import Timeline
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,10 @@ from approvals.reviews.selectors import parse_uuid, tool_ids
 from approvals.web.selectors.access import console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
-from reconciliation import operations, presenters, selectors
+from reconciliation import operator_actions as operations
+from reconciliation.selectors.queue import Reason, queue_counts, queue_items
+from reconciliation.selectors.timeline import timeline_get
+from reconciliation.web import presenters
 
 TEMPLATE_QUEUE = "reconciliation/queue.html"
 TEMPLATE_TIMELINE = "reconciliation/timeline.html"
@@ -42,13 +45,13 @@ def queue(request: HttpRequest) -> HttpResponse:
     tenants, links = _operator(request)
     tools = tool_ids()
     reason = request.GET.get("reason", "")
-    reason = reason if reason in selectors.Reason.LABELS else ""
+    reason = reason if reason in Reason.LABELS else ""
     tool = request.GET.get("tool", "")
     tool = tool if tool in tools else ""
     now = timezone.now()
     tenant_ids = [t.pk for t in tenants]
-    counts = selectors.queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
-    items = selectors.queue_items(
+    counts = queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
+    items = queue_items(
         tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool), counts=counts
     )
     total = sum(counts.values())
@@ -57,7 +60,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     context = {
         **links,
         "rows": presenters.queue_rows(items, now),
-        "counts": [(r, selectors.Reason.LABELS[r], counts[r]) for r in selectors.Reason.ORDER],
+        "counts": [(r, Reason.LABELS[r], counts[r]) for r in Reason.ORDER],
         "total": total,
         # The queue lists the oldest QUEUE_LIMIT; the rest wait their turn (or a filter).
         "unlisted": max(matching - len(items), 0),
@@ -81,7 +84,7 @@ def _timeline_context(
     """The timeline page: one window of the events (``cursor``; the newest by default,
     which is what the answer to a refused decision shows)."""
     tenants, links = _operator(request)
-    timeline = selectors.timeline_get(
+    timeline = timeline_get(
         occurrence_id=occurrence_id, tenant_ids=[t.pk for t in tenants], cursor=cursor
     )
     if timeline is None:

@@ -27,7 +27,8 @@ from django.views.decorators.http import require_http_methods
 from approvals.errors import ServiceError
 from approvals.models import Tenant, ToolContract
 from approvals.web.shell import AdminScope, admin_scope, age, console_login_required
-from reconciliation import adapters, services
+from reconciliation import adapters
+from reconciliation.credential_refresh import credential_replace
 from reconciliation.models import AdapterCredential, Interruption
 
 TEMPLATE = "reconciliation/credentials.html"
@@ -138,7 +139,7 @@ def credentials(request: HttpRequest) -> HttpResponse:
     adapter = form.cleaned_data["adapter"]
     secret = form.cleaned_data["secret"]
     try:
-        outcomes = services.credential_replace(
+        outcomes = credential_replace(
             tenant=tenant, adapter=adapter, secret=secret, actor=request.user.get_username()
         )
     except ServiceError as exc:

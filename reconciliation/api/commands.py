@@ -17,7 +17,9 @@ from approvals.api.base import runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
 from approvals.api.schemas import EffectState, ExecutedBy, StrictSchema
 from approvals.reviews.selectors import parse_uuid
-from reconciliation import selectors, services
+from reconciliation.effects import command_report_effect
+from reconciliation.epochs import occurrence_epoch_request
+from reconciliation.selectors import commands as command_reads
 
 router = Router(tags=["execution"])
 
@@ -113,12 +115,12 @@ def _uuid_or_404(value: str) -> uuid.UUID:
 
 
 def _command(request: HttpRequest, command_id: str) -> dict[str, Any]:
-    command = selectors.command_get_for_tenant(
+    command = command_reads.command_get_for_tenant(
         tenant=runtime_key_of(request).tenant, command_id=_uuid_or_404(command_id)
     )
     if command is None:
         raise Http404
-    return selectors.command_detail(command)
+    return command_reads.command_detail(command)
 
 
 @router.get(
@@ -144,7 +146,7 @@ def command_detail(request: HttpRequest, command_id: str) -> dict[str, Any]:
 )
 def command_effect(request: HttpRequest, command_id: str, payload: EffectIn) -> dict[str, Any]:
     key = runtime_key_of(request)
-    services.command_report_effect(
+    command_report_effect(
         tenant=key.tenant,
         command_id=_uuid_or_404(command_id),
         execution_id=payload.execution_id,
@@ -166,7 +168,7 @@ def occurrence_epoch(
     request: HttpRequest, occurrence_id: str, payload: EpochIn
 ) -> Status[dict[str, Any]]:
     key = runtime_key_of(request)
-    epoch = services.occurrence_epoch_request(
+    epoch = occurrence_epoch_request(
         tenant=key.tenant,
         occurrence_id=_uuid_or_404(occurrence_id),
         execution_id=payload.execution_id,

@@ -21,8 +21,8 @@ from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, invocation_open
+from reconciliation.epochs import epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
-from reconciliation.services import epoch_admit, last_finding
 
 State = Command.State
 Action = OperatorDecision.Action

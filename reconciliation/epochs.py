@@ -1,0 +1,213 @@
+"""New epochs: another attempt at an occurrence, admitted only with a recorded justification
+(the contract's replay safety, a known effect, a reconciliation, an operator's acceptance of
+the ambiguity), never merged with or overwriting an earlier one."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from approvals.audit.record import audit_record, db_now
+from approvals.errors import ServiceError
+from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
+from approvals.vocabulary import AuditKind, EventDecision
+from reconciliation.dispatch import current_epoch
+from reconciliation.models import (
+    EpochAdmission,
+    Interruption,
+    OperatorDecision,
+)
+
+State = Command.State
+
+
+Justification = Epoch.Justification
+
+
+@dataclass(frozen=True)
+class Admission:
+    justification: str
+    basis: str
+
+
+def last_finding(command: Command) -> str:
+    """What the newest reconciling decision established: committed, not_committed or ""."""
+    finding: str | None = (
+        OperatorDecision.objects.filter(
+            command=command,
+            action__in=(OperatorDecision.Action.QUERY_EFFECT, OperatorDecision.Action.RECONCILE),
+        )
+        .exclude(finding="")
+        .order_by("-created_at", "-pk")
+        .values_list("finding", flat=True)
+        .first()
+    )
+    return finding or ""
+
+
+def admission_for(
+    command: Command, contract: ToolContract, decision: OperatorDecision | None = None
+) -> Admission | None:
+    """The justification the evidence gives for another attempt, or None."""
+    if decision is not None and decision.action == OperatorDecision.Action.ACCEPT_AMBIGUITY:
+        return Admission(
+            Justification.AMBIGUITY_ACCEPTED,
+            f"{decision.operator} accepted that a duplicate is possible (decision {decision.pk})",
+        )
+    if command.state == State.RECONCILED:
+        if last_finding(command) == OperatorDecision.Finding.NOT_COMMITTED:
+            return Admission(
+                Justification.RECONCILED_NOT_COMMITTED,
+                "the effect was reconciled as not committed",
+            )
+        return None
+    if command.state == State.PENDING:
+        return Admission(Justification.NOT_SENT, "the earlier effect is known not sent")
+    if command.state == State.REJECTED:
+        return Admission(Justification.REJECTED, "the earlier call was refused before execution")
+    if contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY:
+        return Admission(Justification.READ_ONLY, "the tool contract is read-only")
+    if contract.replay_safety == ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY:
+        return Admission(
+            Justification.IDEMPOTENT_WITH_KEY,
+            "the tool contract is idempotent with the command's key",
+        )
+    return None
+
+
+def epoch_admit(
+    *,
+    command: Command,
+    execution_id: str,
+    decided_by: str,
+    reason: str = "",
+    interruption: Interruption | None = None,
+    decision: OperatorDecision | None = None,
+) -> Epoch:
+    """Admit the occurrence's next epoch for ``command`` if the evidence justifies it.
+
+    Locks the occurrence first (epoch numbers are count + 1, guarded by a unique
+    constraint), then the command. Raises ``needs_reconciliation`` (409) naming the
+    effect when nothing justifies another attempt, and ``effect_committed`` when the
+    effect already happened."""
+    with transaction.atomic():
+        Occurrence.objects.select_for_update(of=("self",)).filter(pk=command.occurrence_id).first()
+        command = (
+            Command.objects.select_for_update(of=("self",))
+            .select_related("occurrence__tool")
+            .get(pk=command.pk)
+        )
+        contract = command.occurrence.tool
+        admission = admission_for(command, contract, decision)
+        settled = command.state in (State.COMMITTED, State.COMPENSATED) or (
+            command.state == State.RECONCILED and admission is None
+        )
+        if settled:
+            raise ServiceError(
+                "effect_committed",
+                f"The effect is already {command.state}: there is nothing to attempt again.",
+                409,
+            )
+        if command.state == State.SENDING and admission is None:
+            raise ServiceError(
+                "needs_reconciliation",
+                "A call of this command may be in flight (effect sending); wait for its "
+                "outcome before asking for another attempt.",
+                409,
+            )
+        if admission is None:
+            raise ServiceError(
+                "needs_reconciliation",
+                f"The effect of command {command.pk} is {command.state}: another attempt "
+                f"could duplicate it, and the contract ({contract.replay_safety}) does not "
+                "allow one. An operator must reconcile it first.",
+                409,
+            )
+        previous = current_epoch(command)
+        if interruption is None:
+            # The stop this epoch recovers from, if one is open.
+            interruption = (
+                Interruption.objects.filter(command=command, resolved_at__isnull=True)
+                .order_by("-created_at")
+                .first()
+            )
+        if Epoch.objects.filter(
+            occurrence_id=command.occurrence_id, execution_id=execution_id
+        ).exists():
+            raise ServiceError(
+                "execution_id_used",
+                "This execution id already has an epoch of this occurrence; a new attempt "
+                "needs a new execution id.",
+                409,
+            )
+        epoch = Epoch.objects.create(
+            occurrence_id=command.occurrence_id,
+            number=previous.number + 1,
+            execution_id=execution_id,
+            justification=admission.justification,
+            previous=previous,
+        )
+        EpochAdmission.objects.create(
+            epoch=epoch,
+            previous=previous,
+            command=command,
+            interruption=interruption,
+            justification=admission.justification,
+            basis=admission.basis,
+            decided_by=decided_by,
+            reason=reason,
+            decision=decision,
+        )
+        now = db_now()
+        if command.state != State.PENDING:
+            Command.objects.filter(pk=command.pk, state=command.state).update(
+                state=State.PENDING, updated_at=now
+            )
+        Interruption.objects.filter(command=command, resolved_at__isnull=True).update(
+            resolved_at=now
+        )
+        audit_record(
+            kind=AuditKind.EPOCH_ADMITTED,
+            tenant=command.tenant_id,
+            occurrence=command.occurrence_id,
+            actor=decided_by,
+            decision=EventDecision.ADMITTED,
+            reason_code=admission.justification,
+            execution_id=execution_id,
+            command_id=command.pk,
+            data={
+                "epoch": epoch.number,
+                "previous_epoch": previous.number,
+                "justification": admission.justification,
+                "basis": admission.basis,
+                "interruption": interruption.pk if interruption else None,
+                "operator_decision": decision.pk if decision else None,
+                "reason": reason,
+            },
+        )
+        if command.executed_by == Command.ExecutedBy.CONSOLE:
+            from reconciliation.tasks import enqueue
+
+            command_id = str(command.pk)
+            transaction.on_commit(lambda: enqueue(command_id))
+    return epoch
+
+
+def occurrence_epoch_request(
+    *, tenant: Tenant, occurrence_id: uuid.UUID, execution_id: str, reason: str, actor: str
+) -> Epoch:
+    """A runtime asks to attempt its occurrence again (``POST …/epochs``)."""
+    command = (
+        Command.objects.filter(tenant=tenant, occurrence_id=occurrence_id)
+        .order_by("-created_at")
+        .first()
+    )
+    if command is None:
+        raise ServiceError(
+            "no_command",
+            "This occurrence has no command yet: claim its approval first.",
+            409,
+        )
+    return epoch_admit(command=command, execution_id=execution_id, decided_by=actor, reason=reason)

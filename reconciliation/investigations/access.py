@@ -1,0 +1,78 @@
+"""Who may investigate (operators and admins, in their tenants), and what a query names: a
+fingerprint, an execution, a command, an occurrence; a raw token is refused unread."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+
+from approvals.access import tokens
+from approvals.models import (
+    Membership,
+)
+
+User = get_user_model()
+
+
+@dataclass(frozen=True)
+class InvestigatorAccess:
+    """The tenants where a user is an operator or an admin (and, for the header's Access
+    tokens link, a reviewer), read in one query."""
+
+    operator_tenant_ids: frozenset[int]
+    admin_tenant_ids: frozenset[int]
+    reviewer_tenant_ids: frozenset[int] = frozenset()
+
+    @property
+    def tenant_ids(self) -> list[int]:
+        return sorted(self.operator_tenant_ids | self.admin_tenant_ids)
+
+
+def investigator_access(user: Any) -> InvestigatorAccess:
+    if not user.is_authenticated:
+        return InvestigatorAccess(frozenset(), frozenset())
+    rows = Membership.objects.filter(user_id=user.pk).values_list("tenant_id", "role")
+    by_role: dict[str, set[int]] = {role: set() for role in Membership.Role.values}
+    for tenant_id, role in rows:
+        by_role[role].add(tenant_id)
+    return InvestigatorAccess(
+        frozenset(by_role[Membership.Role.OPERATOR]),
+        frozenset(by_role[Membership.Role.ADMIN]),
+        frozenset(by_role[Membership.Role.REVIEWER]),
+    )
+
+
+QUERY_MAX_CHARS = 200  # the longest execution id
+
+
+_RAW_TOKEN = re.compile(re.escape(tokens.APPROVAL_TOKEN_PREFIX) + r"[A-Za-z0-9_-]{16,}")
+
+
+@dataclass(frozen=True)
+class QueryRead:
+    """The search box's text as the investigation uses it. A raw approval token is never
+    searched for nor shown: its fingerprint is (``fingerprint_of_token``); a runtime key
+    is refused."""
+
+    q: str
+    refusal: str = ""
+    fingerprint_of_token: str = ""
+
+
+def query_read(raw: str) -> QueryRead:
+    text = (raw or "").strip()
+    token = _RAW_TOKEN.search(text)
+    if token:
+        return QueryRead("", fingerprint_of_token=tokens.fingerprint(token.group(0)))
+    if text.startswith(tokens.RUNTIME_KEY_PREFIX) and len(text) > 20:
+        return QueryRead(
+            "",
+            refusal="That looks like a runtime key. It was not searched for and is not shown; "
+            "treat it as exposed and deactivate it if it is real.",
+        )
+    if len(text) > QUERY_MAX_CHARS:
+        return QueryRead("", refusal=f"Search for one id of at most {QUERY_MAX_CHARS} characters.")
+    return QueryRead(text)
