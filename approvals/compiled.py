@@ -257,7 +257,7 @@ def prefetched(instance: Any, name: str, rows: list[Any]) -> None:
 
 class CompiledStatement:
     """A statement put together from querysets' SQL (``build`` returns the SQL and its
-    parameters, ``Param``s among them: see ``reconciliation.selectors.queue_counts``), put
+    parameters, ``Param``s among them: see ``reconciliation.selectors.queue.queue_counts``), put
     together once per shape as ``Compiled`` does, and run on a cursor."""
 
     def __init__(

@@ -9,7 +9,7 @@ released together by a barrier. Every approval is claimed by ``--contenders`` pr
 
 a. the physical limit: raw psycopg, one transaction of the claim's essential SQL
    (the conditional UPDATE of the approval, INSERT command, INSERT audit event);
-b. the console's ``approvals.services.approval_claim``;
+b. the console's ``approvals.claims.claim.approval_claim``;
 c. a naive Django claim: read the approval, check its state in Python, ``save()``.
 
 It prints claims per second per arm, the ratio b/a, and the double claims per arm: claims

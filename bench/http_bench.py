@@ -20,10 +20,10 @@ keep-alive connections of a small asyncio client that sends prebuilt requests:
   claim        POST /api/v1/claims: each fresh token claimed once, by one execution
   replay       the same tokens again from other executions: refused, 403 replayed
 
-The proposals for review are approved between ``propose`` and ``pickup``, not measured: the
-first ``--form-approvals`` through the console's review form over HTTP (a signed-in
-reviewer, CSRF and all), the rest through ``services.occurrence_approve``, the service the
-form calls, in this process.
+The proposals for review are approved between ``propose`` and ``pickup``, not measured: the first
+``--form-approvals`` through the console's review form over HTTP (a signed-in reviewer, CSRF and
+all), the rest through ``approvals.reviews.decisions.occurrence_approve``, the service the form
+calls, in this process.
 
 It prints each arm's rate, p50/p95/p99, the server's and the client's CPU per request, and
 the ratios the issue sets targets for: claim/pgbench (>= 0.10), claim/cheapest (>= 0.8),
@@ -802,20 +802,19 @@ CLAIM_PARTS = [
     ("whole request (WSGI)", "django/core/handlers/wsgi.py", "__call__"),
     ("  connection health check (SELECT 1)", "django/db/backends/postgresql/base.py", "is_usable"),
     ("  ninja operation (view)", "ninja/operation.py", "run"),
-    ("    authentication", "approvals/services.py", "runtime_key_authenticate"),
-    ("    rate-limit upsert", "approvals/ratelimit.py", "request_admit"),
-    ("    JSON parse (strict)", "approvals/canonical.py", "parse_json"),
+    ("    authentication", "approvals/access/runtime_keys.py", "runtime_key_authenticate"),
+    ("    rate-limit upsert", "approvals/access/ratelimit.py", "request_admit"),
+    ("    JSON parse (strict)", "approvals/canonical/parsing.py", "parse_json"),
     ("    ninja/pydantic input", "ninja/operation.py", "_get_values"),
-    ("    approval_claim", "approvals/services.py", "approval_claim"),
-    ("      contract read+validate+canonicalize", "approvals/services.py", "_claimable_digest"),
-    ("        JSON Schema validation", "approvals/canonical.py", "validate_arguments"),
-    ("        RFC 8785 canonicalize", "approvals/canonical.py", "canonicalize"),
-    ("      other-key check", "approvals/services.py", "claimed_by_other_key"),
-    ("      guard UPDATE (claim_sql.consume)", "approvals/claim_sql.py", "consume"),
-    ("      audit_record", "approvals/services.py", "audit_record"),
-    ("      on_commit: command_announce", "approvals/services.py", "command_announce"),
-    ("        broker publish (enqueue)", "reconciliation/tasks.py", "enqueue"),
+    ("    approval_claim", "approvals/claims/claim.py", "approval_claim"),
+    ("      contract read+validate+canonicalize", "approvals/claims/claim.py", "_claimable_digest"),
+    ("        JSON Schema validation", "approvals/canonical/schema.py", "validate_arguments"),
+    ("        RFC 8785 canonicalize", "approvals/canonical/form.py", "canonicalize"),
+    ("      other-key check", "approvals/access/runtime_keys.py", "claimed_by_other_key"),
+    ("      guard UPDATE (claim_sql.consume)", "approvals/claims/sql.py", "consume"),
+    ("      audit_record", "approvals/audit/record.py", "audit_record"),
     ("      COMMIT", "django/db/backends/base/base.py", "commit"),
+    ("    on_commit: broker publish (enqueue)", "reconciliation/tasks.py", "enqueue"),
     ("    metrics.claim_decided", "approvals/metrics.py", "claim_decided"),
     ("    response (pydantic out + JSON)", "ninja/operation.py", "_result_to_response"),
 ]

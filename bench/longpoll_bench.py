@@ -14,8 +14,8 @@ measures, with ``http_bench``'s client (8 keep-alive connections, prebuilt reque
   after        the same again once the waiters are answered; the baseline is the mean
                of ``alone`` and ``after`` (the first arm runs on a colder server)
   wake         then every waiter's occurrence is rejected, one after the other, through
-               ``services.occurrence_reject`` in this process, ``--rate`` (25) a second:
-               how long after each decision's commit its waiter had the answer
+               ``approvals.reviews.decisions.occurrence_reject`` in this process, ``--rate`` (25) a
+               second: how long after each decision's commit its waiter had the answer
 
 It prints both reads' rate and p50/p95, the ratios crowd/alone, the wake-up latencies
 (p50, p95, max), the reads the server made for the waiters (``console_long_poll_reads``)

@@ -20,7 +20,7 @@ cache:
   uses (``JSONDecoder.scan_once``): parsing alone, the scanner's lower bound.
 * ``orjson``: the same loop with ``orjson.loads``, only when orjson is importable (it is
   not a dependency; this arm says what adding it would buy).
-* ``scanner``: ``approvals.replay_scan.scan``, the code the management command runs.
+* ``scanner``: ``approvals.audit.replay_scan.scan``, the code the management command runs.
 
 It prints lines/s per arm, the ratio scanner / baseline (aim >= 0.8), peak RSS per arm and
 its growth over the process's RSS before the scan, then runs

@@ -1,6 +1,6 @@
 """The console as an ASGI application: what ``bin/serve`` runs (``config/gunicorn.conf.py``).
 
-Django's ASGI handler, with ``approvals.longpoll.LongPollApp`` in front so that
+Django's ASGI handler, with ``approvals.api.longpoll.LongPollApp`` in front so that
 ``GET /api/v1/occurrences/{id}?wait=N`` waits on the event loop instead of in a thread.
 """
 

@@ -14,7 +14,7 @@
 
 Workers are ``asgi``: gunicorn's own asyncio worker serving ``config.asgi``. A long-poll
 (``GET /api/v1/occurrences/{id}?wait=N``) waits on the worker's event loop, holding no
-thread and no database connection (``approvals.longpoll``); every other request runs in a
+thread and no database connection (``approvals.api.longpoll``); every other request runs in a
 thread of its own as Django does under ASGI, and borrows a PostgreSQL connection from the
 process's pool (``DB_POOL_MAX``, 10) for as long as it runs: plan for WEB_CONCURRENCY x
 (DB_POOL_MAX + 1 LISTEN) connections per instance, plus the Celery workers', below

@@ -15,10 +15,12 @@ from django.views.generic import RedirectView
 from approvals.api import api
 from approvals.api.base import database_unavailable_response
 from config import errors, health
+from reconciliation.api import claims as claim_api
 from reconciliation.api.commands import router as execution_router
 
 # The execution endpoints belong to reconciliation, which sits above approvals: the
 # composition happens here, so that approvals never imports it.
+api.add_router("", claim_api.router)
 api.add_router("", execution_router)
 
 urlpatterns = [

@@ -2,7 +2,7 @@
 
 A secret is typed once and never shown again: the forms take it in a password field, the
 lists show only when and by whom it was replaced. Replacing a credential goes through
-``reconciliation.services.credential_replace``, which records ``credentials.refreshed``
+``reconciliation.credential_refresh.credential_replace``, which records ``credentials.refreshed``
 and admits new epochs only where the evidence allows.
 """
 

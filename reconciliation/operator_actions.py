@@ -3,7 +3,7 @@ refused when the state no longer allows it (a guarded update: of two operators a
 one wins and the other is told what happened).
 
 Nothing here re-uses an approval: a decision that allows another attempt admits a new
-epoch of the occurrence (``reconciliation.services.epoch_admit``) and names itself as the
+epoch of the occurrence (``reconciliation.epochs.epoch_admit``) and names itself as the
 reason; the approval stays consumed.
 """
 

@@ -1,13 +1,13 @@
 """Runtime keys remembered for at most a second, so that an agent's calls do not read the
 key's row on every request.
 
-``services.runtime_key_authenticate`` reads the key (and its tenant) from the database and
-puts it here, under the SHA-256 of the raw key (the raw key itself is never kept); for the
-next ``RUNTIME_KEY_CACHE_SECONDS`` (1 s, never more) this process's requests with that key
-take it from here. So a key deactivated in the admin, in the console or by any UPDATE is
-refused (401) by every process at the latest one second after the change committed: an
-entry is never older than the second that follows its read. The process that deactivates
-a key through ``services.runtime_key_deactivate`` forgets it at once.
+``approvals.access.runtime_keys.runtime_key_authenticate`` reads the key (and its tenant) from the
+database and puts it here, under the SHA-256 of the raw key (the raw key itself is never kept); for
+the next ``RUNTIME_KEY_CACHE_SECONDS`` (1 s, never more) this process's requests with that key take
+it from here. So a key deactivated in the admin, in the console or by any UPDATE is refused (401) by
+every process at the latest one second after the change committed: an entry is never older than the
+second that follows its read. The process that deactivates a key through
+``approvals.access.runtime_keys.runtime_key_deactivate`` forgets it at once.
 
 The cache is per process (each gunicorn worker has its own) and bounded: it is emptied when
 it holds ``MAX_ENTRIES`` keys. Unknown and inactive keys are never cached, so bogus keys

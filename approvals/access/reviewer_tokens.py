@@ -1,12 +1,12 @@
 """Reviewers' personal access tokens: approve and reject through the API.
 
-A token is a reviewer's own, for one tenant, scoped to deciding (``ReviewerToken.Scope``),
-valid for 7, 30 or 90 days, revocable by its owner and by the tenant's admins at once.
-Only its SHA-256 is stored; the raw token is shown once, on the page that creates it. A
-decision made with one goes through ``services.occurrence_approve`` and
-``services.occurrence_reject``, so the page's rules hold unchanged: the reviewer must
-still be a reviewer of the tenant, may not approve their own request or edit, must have
-seen the current digest, and a quorum counts distinct people.
+A token is a reviewer's own, for one tenant, scoped to deciding (``ReviewerToken.Scope``), valid for
+7, 30 or 90 days, revocable by its owner and by the tenant's admins at once. Only its SHA-256 is
+stored; the raw token is shown once, on the page that creates it. A decision made with one goes
+through ``approvals.reviews.decisions.occurrence_approve`` and
+``approvals.reviews.decisions.occurrence_reject``, so the page's rules hold unchanged: the reviewer
+must still be a reviewer of the tenant, may not approve their own request or edit, must have seen
+the current digest, and a quorum counts distinct people.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ RUNTIME_KEY_LAST_USED_PRECISION = timedelta(minutes=1)
 @sensitive_variables("raw")
 def runtime_key_authenticate(raw: str) -> RuntimeKey | None:
     """The active key ``raw`` names, with its tenant, or None. Read from the database at
-    most once a second per process (``approvals.keycache``): a deactivated key is refused
+    most once a second per process (``approvals.access.keycache``): a deactivated key is refused
     within a second everywhere, at once by the process that deactivated it."""
     key_hash = tokens.hash_secret(raw)
     key = keycache.get(key_hash)

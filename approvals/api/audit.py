@@ -77,7 +77,7 @@ class AuditCursorOut(Schema):
 
 
 class AuditEventLineOut(Schema):
-    """One line of the audit export (``selectors.audit_event_line``)."""
+    """One line of the audit export (``approvals.audit.export.audit_event_line``)."""
 
     cursor: int = Field(..., description="Pass the last line's as `after` for the next page.")
     event_id: str = Field(..., json_schema_extra=openapi.UUID)

@@ -73,7 +73,7 @@ class RuntimeKeyAuth(HttpBearer):
 
 
 class ReviewerTokenAuth(HttpBearer):
-    """A reviewer's personal access token (``approvals.reviewer_tokens``)."""
+    """A reviewer's personal access token (``approvals.access.reviewer_tokens``)."""
 
     @method_decorator(sensitive_variables("token"))
     def authenticate(self, request: HttpRequest, token: str) -> ReviewerToken | None:
@@ -81,7 +81,7 @@ class ReviewerTokenAuth(HttpBearer):
 
 
 class RuntimeKeyThrottle(BaseThrottle):
-    """Requests per runtime key per window (``approvals.ratelimit``), run by ninja after
+    """Requests per runtime key per window (``approvals.access.ratelimit``), run by ninja after
     authentication on every operation. ninja asks ``allow_request`` and then ``wait`` of
     one shared instance, so what the answer needs is kept per thread."""
 

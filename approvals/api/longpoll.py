@@ -328,7 +328,7 @@ class _LongPoll:
     @staticmethod
     def _reread(scope: Scope) -> Scope:
         """The reads after the first: the rate limit counted this long-poll once already
-        (``approvals.api.RuntimeKeyThrottle``). A key of the scope, which no client can set."""
+        (``approvals.api.base.RuntimeKeyThrottle``). A key of the scope, which no client can set."""
         return {**scope, REREAD_SCOPE_KEY: True}
 
     async def _sleep(self, changed: asyncio.Event | None, timeout: float) -> None:

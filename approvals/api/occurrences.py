@@ -140,7 +140,8 @@ def _command_out(command: Command) -> dict[str, Any]:
 
 
 def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
-    """An occurrence read with ``selectors.occurrence_detail_queryset``, as the API shows it."""
+    """An occurrence read with ``approvals.reviews.selectors.occurrence_detail_queryset``, as the
+    API shows it."""
     approval = current_approval(occurrence)
     commands = [_command_out(c) for c in occurrence.commands.all()]
     return {

@@ -31,7 +31,7 @@ def audit_chain_extend(*, tenant_id: int, limit: int | None = None) -> int:
     export (before it answers) and ``verify_audit_chain``. Each batch is one short
     transaction under the row lock of the tenant's ``AuditChainHead``, so concurrent
     callers wait for each other and can never give out one ``chain_seq`` twice. Only ids
-    up to ``selectors.audit_watermark()`` are chained: every lower id has committed or
+    up to ``approvals.audit.export.audit_watermark()`` are chained: every lower id has committed or
     never will, so the chain's order is the ids' order and a late-committing event is
     never passed over. ``limit`` bounds the events one call chains (an export must answer
     quickly; the beat task chains the rest)."""

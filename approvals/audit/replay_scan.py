@@ -2,7 +2,8 @@
 
 Reads two formats, line by line, mixed freely:
 
-* this console's ``GET /api/v1/audit/events`` lines (``approvals.api._audit_line``): a claim
+* this console's ``GET /api/v1/audit/events`` lines
+  (``approvals.audit.export.audit_event_line``): a claim
   that won is ``{"kind": "claim.approved", "decision": "approved", "token_fingerprint": ...,
   "execution_id": ..., "event_id": <producer event id>, "cursor": <ingestion id>, ...}``;
 * the background article's ``{"event": "approval_decision", "decision": "approved",

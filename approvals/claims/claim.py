@@ -4,7 +4,6 @@ refusal says precisely why not (``replayed``, ``scope_mismatch``, ``expired``,
 
 from __future__ import annotations
 
-import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 from django.db import transaction
 from django.views.decorators.debug import sensitive_variables
 
-from approvals import signals
 from approvals.access import ratelimit, tokens
 from approvals.access.runtime_keys import claimed_by_other_key, runtime_actor
 from approvals.audit.record import DbNow, audit_record
@@ -103,9 +101,9 @@ def approval_claim(
     With ``runtime_key`` (the API's caller), the audit events name it, a token of a request
     another key proposed (outside the key's runtime group) is refused as ``scope_mismatch``
     with reason ``other_runtime_key`` before the guard runs, and refusals with a token the
-    tenant never issued count against the key's audit budget (``approvals.ratelimit``).
+    tenant never issued count against the key's audit budget (``approvals.access.ratelimit``).
 
-    The statements themselves are in ``approvals.claim_sql``.
+    The statements themselves are in ``approvals.claims.sql``.
     """
     digest, executed_by = _claimable_digest(tool, arguments)
     token_hash = tokens.hash_secret(token)
@@ -184,21 +182,10 @@ def approval_claim(
                 "executed_by": executed_by,
             },
         )
-        # The command row is the outbox; whoever dispatches hears of it only once it is
-        # committed (and a periodic sweep finds any announcement that got lost).
-        transaction.on_commit(
-            functools.partial(command_announce, command_id=command.id, executed_by=executed_by)
-        )
+    # The command row is the outbox: whoever dispatches (``reconciliation.claims``, which
+    # sits above this app and calls this function) publishes its delivery once it is
+    # committed, and a periodic sweep finds any whose publish got lost.
     return ClaimResult(Decision.APPROVED, Reason.CLAIMED, command)
-
-
-def command_announce(*, command_id: uuid.UUID, executed_by: str) -> None:
-    """Tell whoever dispatches commands (``reconciliation``, which sits above this app)
-    that a command was committed. Never raises: the command is already committed, and a
-    receiver's failure (a broker that is down) is what the outbox sweep is for."""
-    signals.command_committed.send_robust(
-        sender=Command, command_id=command_id, executed_by=executed_by
-    )
 
 
 def _explain_refusal(
@@ -251,7 +238,7 @@ def _claim_refused(
     evidence of a replay. A refusal with a token the tenant never issued
     (``unknown_token``) is recorded for the first ``API_AUDITED_REFUSALS_PER_WINDOW`` of
     the key's rate-limit window; the rest are counted into the window's one
-    ``security.refusals_burst`` event (``approvals.ratelimit``). The answer is the same.
+    ``security.refusals_burst`` event (``approvals.access.ratelimit``). The answer is the same.
     """
     approval = claim_sql.find_approval(tenant_id=tenant.pk, token_hash=token_hash)
     command = None

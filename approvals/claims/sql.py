@@ -1,6 +1,6 @@
 """The two statements at the heart of a claim, written out in SQL.
 
-``approvals.services.approval_claim`` decides; this module only talks to the database. The
+``approvals.claims.claim.approval_claim`` decides; this module only talks to the database. The
 guard is an ``UPDATE ... RETURNING``, which Django's ORM cannot express: the row it returns
 is what admits a claim, so no read precedes the write. The read that names a refusal
 compares expiry with the same database clock the guard used. Both run on PostgreSQL and
@@ -16,10 +16,10 @@ from django.db import connection
 
 from approvals.models import Approval, Epoch
 
-# The database's clock, as ``services.DbNow`` reads it: on PostgreSQL the transaction's
-# start, so that the guard and the read that explains a refusal judge expiry at one
-# instant; on SQLite (which runs in this process) Django's own ``Now()``. ``%%`` because
-# the statements go through the DB-API's ``%s`` parameter style.
+# The database's clock, as ``approvals.audit.record.DbNow`` reads it: on PostgreSQL the
+# transaction's start, so that the guard and the read that explains a refusal judge expiry at one
+# instant; on SQLite (which runs in this process) Django's own ``Now()``. ``%%`` because the
+# statements go through the DB-API's ``%s`` parameter style.
 _NOW = {
     "postgresql": "CURRENT_TIMESTAMP",
     "sqlite": "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",

@@ -76,7 +76,7 @@ class AuditEvent(models.Model):
     **Tamper evidence.** Each tenant's events form a hash chain: ``chain_seq`` (1, 2, ...
     per tenant), ``hash`` (SHA-256 of ``chain_form``, RFC 8785) and ``prev_hash`` (the hash
     of the event before it in the chain). They are NULL when the event is written, off
-    the claim's hot path, and set once by ``services.audit_chain_extend``; the
+    the claim's hot path, and set once by ``approvals.audit.chain.audit_chain_extend``; the
     append-only trigger allows exactly that one UPDATE and nothing else.
     """
 

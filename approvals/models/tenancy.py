@@ -13,7 +13,7 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
-    # Requests one runtime key may make per rate-limit window (``approvals.ratelimit``).
+    # Requests one runtime key may make per rate-limit window (``approvals.access.ratelimit``).
     api_rate_limit = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -63,7 +63,7 @@ class RuntimeKey(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # When the key last authenticated an API call, to the minute: written only when the
-    # stored value is a minute old (``services.runtime_key_authenticate``).
+    # stored value is a minute old (``approvals.access.runtime_keys.runtime_key_authenticate``).
     last_used_at = models.DateTimeField(null=True, blank=True)
     # An admin's grant: keys of the tenant with the same non-empty group are one runtime and
     # may pick up and claim each other's requests. Otherwise only the key that proposed may.
@@ -127,7 +127,7 @@ class ReviewerToken(models.Model):
 class RuntimeKeyUsage(models.Model):
     """What one runtime key did in one rate-limit window: its requests, and its refused
     claims with a token the tenant never issued. A counter row, updated by one atomic
-    upsert per request (``approvals.ratelimit``) and deleted when the window is reported."""
+    upsert per request (``approvals.access.ratelimit``) and deleted when the window is reported."""
 
     runtime_key = models.ForeignKey(RuntimeKey, on_delete=models.CASCADE, related_name="usage")
     # The window's start in Unix seconds, a multiple of ``window_seconds``.

@@ -72,7 +72,7 @@ def occurrence_approve(
 ) -> ApproveOutcome:
     """Record the reviewer's approval of the current version; issue the capability once
     the contract's quorum of distinct reviewers is reached. ``via`` names a personal access
-    token the decision came through (``approvals.reviewer_tokens``), in the audit events.
+    token the decision came through (``approvals.access.reviewer_tokens``), in the audit events.
 
     Refuses a digest that is not the current version's, a reviewer approving their own
     request or their own edit, a non-reviewer, and anything no longer pending. Concurrent

@@ -1,7 +1,7 @@
 """``{% load console_text %}``: the reveal treatment for text that templates get raw.
 
 ``{{ value|reveal }}`` escapes ``value`` and shows its hidden characters (bidi controls,
-zero-width characters) as highlighted ``\\uXXXX`` escapes, as ``presenters.reveal_html``
+zero-width characters) as highlighted ``\\uXXXX`` escapes, as ``approvals.web.text.reveal_html``
 does for agent text. A value already revealed (a SafeString) is left as it is, so it is
 never escaped twice.
 """

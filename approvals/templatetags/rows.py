@@ -1,12 +1,12 @@
 """``{% load rows %}``: table rows that a page shows by the dozen, rendered in Python.
 
 ``{% history_event row %}`` renders one event of a review page's history
-(``presenters.HistoryRow``) as one ``<tbody>``; ``{% inbox_row row show_tenant %}`` one
-request of the inbox (``presenters.InboxRow``) as one ``<tr>``. A page shows dozens of
-them, and the template engine's per-variable lookups, filters and ``{% url %}`` made the
-rows cost more than the rest of their page. Every value goes through ``cell_html``, which
-escapes it as the template would have (and leaves text that the presenters already
-revealed, a SafeString, as it is).
+(``approvals.web.presenters.history.HistoryRow``) as one ``<tbody>``; ``{% inbox_row row show_tenant
+%}`` one request of the inbox (``approvals.web.presenters.inbox.InboxRow``) as one ``<tr>``. A page
+shows dozens of them, and the template engine's per-variable lookups, filters and ``{% url %}`` made
+the rows cost more than the rest of their page. Every value goes through ``cell_html``, which
+escapes it as the template would have (and leaves text that the presenters already revealed, a
+SafeString, as it is).
 """
 
 from __future__ import annotations

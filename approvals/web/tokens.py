@@ -1,6 +1,6 @@
 """A reviewer's own page: personal access tokens for deciding through the API.
 
-Thin views over ``approvals.reviewer_tokens``. A token is shown once, on the response
+Thin views over ``approvals.access.reviewer_tokens``. A token is shown once, on the response
 that creates it (never cached); the list shows names, prefixes and dates only.
 """
 

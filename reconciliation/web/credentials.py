@@ -1,10 +1,10 @@
 """The admins' adapter credentials page: per tenant and adapter, when the secret was last
 replaced and by whom (never the secret), and a form to replace it.
 
-It lives here, not in ``approvals``, because replacing a credential is what restores
-authority after an authentication challenge: ``services.credential_replace`` records
-``credentials.refreshed`` and admits a new epoch for each interrupted command where the
-evidence allows it, and ``approvals`` never imports ``reconciliation``.
+It lives here, not in ``approvals``, because replacing a credential is what restores authority after
+an authentication challenge: ``reconciliation.credential_refresh.credential_replace`` records
+``credentials.refreshed`` and admits a new epoch for each interrupted command where the evidence
+allows it, and ``approvals`` never imports ``reconciliation``.
 """
 
 from __future__ import annotations

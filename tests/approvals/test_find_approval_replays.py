@@ -42,7 +42,7 @@ def console(
     event_id: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """An audit line as ``approvals.api._audit_line`` writes it."""
+    """An audit line as ``approvals.audit.export.audit_event_line`` writes it."""
     n = next(_ids)
     decision = kind.removeprefix("claim.") if kind.startswith("claim.") else None
     line = {

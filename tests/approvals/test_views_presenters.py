@@ -35,7 +35,8 @@ from tests.conftest import REFUND_ARGS, Runtime
 
 def evidence_summary(events: list[AuditEvent]) -> list[EvidencePart]:
     """The evidence line of a list of events, counted here the way
-    ``selectors.claim_tally`` counts in the database (the page uses that one)."""
+    ``approvals.web.selectors.history.claim_tally`` counts in the database (the page uses
+    that one)."""
     claims = [e for e in events if e.kind.startswith("claim.")]
     by_decision = Counter(e.decision for e in claims)
     deliveries: Counter[str] = Counter(e.execution_id for e in claims if e.decision in DELIVERED)

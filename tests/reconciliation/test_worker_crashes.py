@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from approvals.claims.claim import approval_claim
 from approvals.claims.delivery import approval_deliver_token
 from approvals.models import AuditEvent, Command, Occurrence, Tenant
 from approvals.reviews.decisions import occurrence_approve
 from approvals.reviews.proposals import occurrence_propose
+from reconciliation.claims import command_claim
 from reconciliation.faults import POINTS
 from reconciliation.models import AdapterInvocation
 from tests.conftest import REFUND_ARGS, Runtime
@@ -392,7 +392,7 @@ def _claimer(
         for chunk in chunks:
             barrier.wait(timeout=60)
             for n, token, tool, args in chunk:
-                result = approval_claim(
+                result = command_claim(
                     tenant=tenant,
                     token=token,
                     tool=tool,

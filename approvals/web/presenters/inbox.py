@@ -70,7 +70,7 @@ class InboxRow:
 
 
 def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
-    """One row, from an occurrence loaded by ``selectors.inbox_page``."""
+    """One row, from an occurrence loaded by ``approvals.web.selectors.inbox.inbox_page``."""
     proposals = getattr(occurrence, "current_proposals", [])
     arguments = proposals[0].arguments if proposals else {}
     badge, label = inbox_badge(occurrence, now)
@@ -90,9 +90,9 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
 def inbox_stamp(
     fresh: InboxFreshness, *, tenant_ids: list[int], tool: str, state: str, page: int, now: datetime
 ) -> str:
-    """The inbox list's stamp, from what ``selectors.inbox_total`` and
-    ``selectors.inbox_last_event`` read, without the rows. The minute is part of it
-    because the rows' ages and an approval's expiry change with the clock."""
+    """The inbox list's stamp, from what ``approvals.web.selectors.inbox.inbox_total`` and
+    ``approvals.web.selectors.inbox.inbox_last_event`` read, without the rows. The minute is part of
+    it because the rows' ages and an approval's expiry change with the clock."""
     minute = now.replace(second=0, microsecond=0)
     return stamp(
         [tenant_ids, tool, state, page, fresh.total, fresh.last_change, fresh.last_event_id, minute]

@@ -261,8 +261,8 @@ def expiry(fresh: Freshness, now: datetime) -> tuple[str | None, str]:
 
 
 def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: datetime) -> str:
-    """The decision panel's stamp, from what ``selectors.freshness_get`` reads in one
-    query: a poll compares it before it reads anything else."""
+    """The decision panel's stamp, from what ``approvals.web.selectors.review.freshness_get`` reads
+    in one query: a poll compares it before it reads anything else."""
     return stamp(
         [
             fresh.status,

@@ -1,20 +1,20 @@
-"""``POST /api/v1/claims``: the claim, and how a refusal is answered."""
+"""``POST /api/v1/claims``: the claim, and how a refusal is answered. The claim is
+``reconciliation.claims.command_claim``: the authority's single-use claim, and the command's
+delivery once it is committed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import (
-    HttpRequest,
-)
+from django.http import HttpRequest
 from ninja import Router, Status
 
 from approvals import metrics
 from approvals.api.base import runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, error_body
 from approvals.api.schemas import ClaimIn, ClaimOut, ClaimRefusedOut
-from approvals.claims.claim import approval_claim
 from approvals.vocabulary import ClaimDecision
+from reconciliation.claims import command_claim
 
 router = Router()
 
@@ -30,9 +30,11 @@ router = Router()
     "beside the error envelope; an action outside its tool's contract matches no approval "
     "and is `scope_mismatch`, reason `action_invalid` (the contract: "
     "`GET /api/v1/tools/{name}`). A malformed body is 400/413/415/422 as everywhere.",
+    # The id API v1 was published with, from when the view lived in approvals.api.
+    operation_id="approvals_api_claim",
 )
 def claim(request: HttpRequest, payload: ClaimIn) -> Status[dict[str, Any]]:
-    result = approval_claim(
+    result = command_claim(
         tenant=runtime_key_of(request).tenant,
         token=payload.token,
         tool=payload.action.tool,
