@@ -156,6 +156,11 @@ INSTALLED_APPS = [
     "approvals",
     "reconciliation",
 ]
+# The demo (a sandbox payments service, seed data, a simulated agent: the demo app and its
+# management commands) is installed for bin/demo and the tests, never in production.
+CONSOLE_DEMO = env_bool("CONSOLE_DEMO", DEBUG)
+if CONSOLE_DEMO:
+    INSTALLED_APPS.append("demo")
 
 MIDDLEWARE = [
     "approvals.web.middleware.TraceIdMiddleware",

@@ -1,7 +1,7 @@
 """The payments adapter: refunds through a payments API that dedupes by ``Idempotency-Key``
 and can be asked whether a refund exists for a key (the contract is ``effect_queryable``).
 
-The API (the sandbox in ``reconciliation.sandbox`` speaks it) documents these answers as
+The API (the demo's sandbox, ``demo.sandbox``, speaks it) documents these answers as
 refused before execution: 400, 402, 409, 422 (for good) and 429, 503 (for now).
 """
 

@@ -277,8 +277,9 @@ class socket_closed:
 
 # --- a real worker -------------------------------------------------------------------------
 
-from tests.reconciliation import sandbox_fixture, worker_fixture  # noqa: E402
-from tests.reconciliation.sandbox_fixture import SandboxProcess  # noqa: E402
+from tests.demo import sandbox_fixture  # noqa: E402
+from tests.demo.sandbox_fixture import SandboxProcess  # noqa: E402
+from tests.reconciliation import worker_fixture  # noqa: E402
 from tests.reconciliation.worker_fixture import Broker, Workers, wait_until  # noqa: E402
 
 broker = worker_fixture.broker

@@ -23,8 +23,8 @@ from tests.browser.a11y import active_element
 from tests.browser.conftest import Contexts, login
 from tests.browser.test_screenshots import _shoot
 from tests.conftest import Runtime, approve, make_user
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation.conftest import claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -22,7 +22,7 @@ from approvals.reviews.decisions import occurrence_reject
 from reconciliation.dispatch import command_dispatch
 from tests.browser.conftest import VIEWPORT, login, open_review, panel, propose, wait_for_state
 from tests.conftest import Runtime, approve
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 
 pytestmark = [
     pytest.mark.browser,

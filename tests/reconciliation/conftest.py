@@ -10,7 +10,7 @@ import pytest
 
 from approvals.models import Command
 from tests.conftest import REFUND_ARGS, Runtime, approve
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 
 MESSAGE_ARGS: dict[str, Any] = {
     "to": "customer@example.com",

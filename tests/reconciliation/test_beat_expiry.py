@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Occurrence
 from tests.conftest import Runtime, approve
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation import worker_fixture
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 from tests.reconciliation.worker_fixture import Workers, wait_until
 
 pytestmark = [

@@ -12,8 +12,8 @@ from reconciliation.credential_refresh import credential_replace
 from reconciliation.dispatch import command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, Interruption
 from tests.conftest import Runtime
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,8 @@ from reconciliation.dispatch import command_dispatch
 from reconciliation.escalation import escalations_run
 from reconciliation.models import Escalation, EscalationPolicy
 from tests.conftest import Runtime
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 

@@ -45,8 +45,8 @@ from reconciliation.investigations.verdict import (
 )
 from reconciliation.models import AdapterInvocation
 from tests.conftest import PASSWORD, REFUND_ARGS, Runtime, approve, make_runtime, make_user
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import MESSAGE_ARGS
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 
 T0 = datetime(2026, 8, 4, 10, 0, tzinfo=UTC)
 FP = "0123456789abcdef"

@@ -18,8 +18,8 @@ from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDec
 from reconciliation.selectors import queue as queue_selectors
 from reconciliation.selectors.queue import Reason, _queue_querysets, queue_counts
 from tests.conftest import PASSWORD, Runtime, approve, make_user
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 

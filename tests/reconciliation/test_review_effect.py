@@ -12,8 +12,8 @@ from django.test import Client
 from approvals.models import Command
 from reconciliation.dispatch import begin, command_dispatch
 from tests.conftest import PASSWORD, Runtime
+from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db
 

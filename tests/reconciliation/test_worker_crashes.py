@@ -31,9 +31,9 @@ from reconciliation.claims import command_claim
 from reconciliation.faults import POINTS
 from reconciliation.models import AdapterInvocation
 from tests.conftest import REFUND_ARGS, Runtime
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation import worker_fixture
 from tests.reconciliation.conftest import MESSAGE_ARGS, claim_command
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation.worker_fixture import Broker, Workers, wait_until
 
 pytestmark = [

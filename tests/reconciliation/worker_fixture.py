@@ -39,7 +39,7 @@ import redis
 from django.db import connection
 
 from config.celery import app as celery_app
-from tests.reconciliation.sandbox_fixture import ROOT, SandboxProcess
+from tests.demo.sandbox_fixture import ROOT, SandboxProcess
 
 CELERY = ROOT / ".venv" / "bin" / "celery"
 QUEUE = "celery"

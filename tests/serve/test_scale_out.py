@@ -28,8 +28,8 @@ from django.db import connection, connections
 from approvals.models import Command
 from reconciliation.models import AdapterInvocation
 from tests.conftest import REFUND_ARGS, Runtime, approve
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation import worker_fixture
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation.worker_fixture import Broker, Workers
 from tests.serve.servers import ServerProcess, gunicorn, production_env, sample, scrape
 

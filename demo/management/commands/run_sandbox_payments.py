@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from reconciliation.sandbox import (
+from demo.sandbox import (
     DEFAULT_API_KEY,
     DEFAULT_HOLD_SECONDS,
     default_data_path,

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reconciliation import sandbox_fixture
-from tests.reconciliation.sandbox_fixture import SandboxProcess, start_sandbox
+from tests.demo import sandbox_fixture
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 
 # Imported under its own name so every test here can ask for it.
 sandbox_server = sandbox_fixture.sandbox_server

@@ -3,8 +3,8 @@
 Use the fixture by binding it in a test module (an assignment, not ``from ... import
 sandbox_server``, which ruff reports as F401/F811 once a test takes it as an argument)::
 
-    from tests.reconciliation import sandbox_fixture
-    from tests.reconciliation.sandbox_fixture import SandboxProcess
+    from tests.demo import sandbox_fixture
+    from tests.demo.sandbox_fixture import SandboxProcess
 
     sandbox_server = sandbox_fixture.sandbox_server
 

@@ -18,10 +18,10 @@ from django.db import connection
 
 from approvals.models import AuditEvent, Command, Occurrence, RuntimeKey
 from approvals.reviews.decisions import occurrence_reject
+from demo.agent.scenario import redact
 from reconciliation.dispatch import command_dispatch
-from reconciliation.management.commands.simulate_agent import redact
 from tests.conftest import approve, make_runtime
-from tests.reconciliation.sandbox_fixture import ROOT, start_sandbox
+from tests.demo.sandbox_fixture import ROOT, start_sandbox
 
 STEPS = 50
 DEADLINE = 60.0
