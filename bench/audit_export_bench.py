@@ -35,11 +35,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from approvals.access.runtime_keys import runtime_key_create
-from approvals.access.tenancy import tenant_create
-from approvals.audit.chain import audit_chain_extend
-from approvals.audit.export import AuditFilter, _audit_export_orm, audit_watermark
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -50,6 +45,10 @@ from django.conf import settings
 from django.db import connection
 from django.test import Client
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+from approvals.audit.chain import audit_chain_extend
+from approvals.audit.export import AuditFilter, _audit_export_orm, audit_watermark
 from approvals.models import AuditEvent, Tenant
 
 TENANT_SLUG = "bench"

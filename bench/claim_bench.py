@@ -45,11 +45,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from approvals.access.runtime_keys import runtime_key_create
-from approvals.access.tenancy import tenant_create
-from approvals.audit.record import audit_record
-from approvals.claims.claim import Decision, approval_claim
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -66,7 +61,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.access import tokens
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
+from approvals.audit.record import audit_record
 from approvals.canonical.form import canonicalize
+from approvals.claims.claim import Decision, approval_claim
 from approvals.models import (
     Approval,
     Command,

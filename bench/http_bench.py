@@ -67,10 +67,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from approvals.access.runtime_keys import runtime_key_create
-from approvals.access.tenancy import tenant_create
-from approvals.reviews.decisions import occurrence_approve
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -86,6 +82,8 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
 from approvals.canonical.form import canonicalize
 from approvals.models import (
     Approval,
@@ -98,6 +96,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.reviews.decisions import occurrence_approve
 
 CONNECTIONS = 8
 RATE_LIMIT = 1_000_000_000

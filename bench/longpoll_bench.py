@@ -34,9 +34,6 @@ import threading
 import time
 from pathlib import Path
 
-from approvals.reviews.decisions import occurrence_reject
-from approvals.reviews.proposals import occurrence_propose
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("LOG_LEVEL", "WARNING")  # not a line per decision
 
@@ -49,6 +46,8 @@ from django.db import connections
 from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.models import Occurrence, RuntimeKey
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.proposals import occurrence_propose
 
 METRICS_TOKEN = "longpoll-bench-" + os.urandom(8).hex()
 

@@ -31,9 +31,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from approvals.access.runtime_keys import runtime_key_create
-from approvals.access.tenancy import tenant_create
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.django_setup import setup_django
@@ -50,6 +47,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import clear_url_caches, include, path
 
+from approvals.access.runtime_keys import runtime_key_create
+from approvals.access.tenancy import tenant_create
 from approvals.canonical.form import canonicalize
 from approvals.models import (
     Approval,
