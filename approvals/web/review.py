@@ -23,7 +23,6 @@ from approvals.errors import InputError, ServiceError
 from approvals.models import Membership, Occurrence
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
 from approvals.reviews.revocation import approval_revoke
-from approvals.reviews.selectors import current_proposal
 from approvals.web.forms import (
     ApproveForm,
     EditForm,
@@ -41,6 +40,7 @@ from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.selectors.review import (
     PanelState,
+    Reviewed,
     freshness_get,
     occurrence_decision,
     review_get,
@@ -78,7 +78,11 @@ class Opened:
 
     request: HttpRequest
     access: ConsoleAccess
-    occurrence: Occurrence
+    reviewed: Reviewed
+
+    @property
+    def occurrence(self) -> Occurrence:
+        return self.reviewed.occurrence
 
     @property
     def viewer(self) -> Viewer:
@@ -95,14 +99,15 @@ def _open(
     """The one access check: another tenant's occurrence looks like no occurrence (404),
     and a missing ``role`` in its tenant is refused (403)."""
     access = access or console_access(request.user)
-    occurrence = review_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
-    if occurrence is None:
+    reviewed = review_get(occurrence_id=occurrence_id, tenant_ids=access.tenant_ids)
+    if reviewed is None:
         raise Http404("No such request in your tenants.")
+    occurrence = reviewed.occurrence
     if role == Membership.Role.REVIEWER and not access.is_reviewer(occurrence.tenant_id):
         raise PermissionDenied(_REQUIRED[role])
     if role == Membership.Role.ADMIN and not access.is_admin(occurrence.tenant_id):
         raise PermissionDenied(_REQUIRED[role])
-    return Opened(request, access, occurrence)
+    return Opened(request, access, reviewed)
 
 
 def _panel(opened: Opened, shown_digest: str = "") -> DecisionPanel:
@@ -110,7 +115,7 @@ def _panel(opened: Opened, shown_digest: str = "") -> DecisionPanel:
     # the answer to a decision, posted without either, shows the newest events.
     query = opened.request.GET
     cursor = HistoryCursor.parse(query.get("before"), query.get("after"))
-    snapshot = review_snapshot(opened.occurrence, cursor=cursor)
+    snapshot = review_snapshot(opened.reviewed, cursor=cursor)
     return decision_panel(snapshot, opened.viewer, shown_digest=shown_digest)
 
 
@@ -223,7 +228,7 @@ def _decided(
 def _stale(request: HtmxHttpRequest, opened: Opened, seen: str) -> HttpResponse:
     """The action changed under the reviewer: show the new version and what changed."""
     opened = opened.reload()
-    current = current_proposal(opened.occurrence)
+    current = opened.reviewed.current_proposal
     notice = Notice(
         "warning",
         f"The action changed after you opened it: version {current.version} replaces the "
@@ -302,7 +307,7 @@ def revoke(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         if request.htmx:
             return _render_panel(opened, revoke_form=form)
         return _render_review(opened, revoke_form=form, status=422)
-    decision = occurrence_decision(opened.occurrence)
+    decision = occurrence_decision(opened.reviewed)
     revoked = False
     if decision.approval is not None and decision.state in {
         PanelState.ISSUED,
@@ -347,7 +352,7 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
             # The edit section is gone once the request is decided: say it in the panel.
             notice = refusal(exc.code, exc.message)
             return _render_review(opened, edit_form=form, notice=notice, status=409)
-        current = current_proposal(opened.occurrence)
+        current = opened.reviewed.current_proposal
         errors = [
             f"The action changed while you were editing it: version {current.version} is now "
             "current. Your text is kept below; check it against the new version before saving "

@@ -312,5 +312,7 @@ def test_review_page_reads_each_approvals_command_with_the_approval(
     assert response.status_code == 200
     assert str(command.pk) in response.content.decode()  # "command <id>" in the panel
     statements = [q["sql"] for q in captured.captured_queries]
-    assert not [sql for sql in statements if sql.startswith('SELECT "approvals_command".')]
-    assert any('LEFT OUTER JOIN "approvals_command"' in sql for sql in statements)
+    # No statement reads commands alone; one joins them to the approvals it reads (the ORM
+    # writes the table's name quoted, the pages' own SQL does not).
+    assert not [sql for sql in statements if re.match(r'SELECT "?approvals_command"?\.', sql)]
+    assert any(re.search(r'LEFT (OUTER )?JOIN "?approvals_command"?', sql) for sql in statements)

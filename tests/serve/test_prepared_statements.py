@@ -64,7 +64,7 @@ def test_a_review_page_query_is_prepared_on_the_server(approved: str) -> None:
     assert threshold == 5
     for _ in range(threshold + 1):
         found = review_get(occurrence_id=occurrence.pk, tenant_ids=[occurrence.tenant_id])
-        assert found is not None and found.pk == occurrence.pk
+        assert found is not None and found.occurrence.pk == occurrence.pk
     statements = [s for s in _prepared_on_this_connection() if "history_total" in s]
     assert len(statements) == 1, _prepared_on_this_connection()
     assert "$1" in statements[0] and occurrence.pk.hex not in statements[0].replace("-", "")

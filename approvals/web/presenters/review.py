@@ -210,6 +210,7 @@ class DecisionPanel:
     """Everything the decision panel shows, and the stamp its poll compares."""
 
     occurrence: Occurrence
+    proposals: list[Proposal]  # every version, in order
     decision: DecisionView
     proposal: Proposal
     approval: Approval | None
@@ -287,7 +288,7 @@ def decision_panel(
     proposal = decision.proposal
     # The digest the page on screen displays: the approve form sends it, never a newer one.
     shown = next(
-        (p for p in occurrence.proposals.all() if p.action_digest == shown_digest), proposal
+        (p for p in snapshot.reviewed.proposals if p.action_digest == shown_digest), proposal
     )
     undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
     approval = decision.approval
@@ -323,6 +324,7 @@ def decision_panel(
 
     return DecisionPanel(
         occurrence=occurrence,
+        proposals=snapshot.reviewed.proposals,
         decision=decision,
         proposal=proposal,
         approval=approval,
@@ -433,7 +435,7 @@ def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, An
     """
     occurrence = panel.occurrence
     proposal = panel.proposal
-    proposals = list(occurrence.proposals.all())
+    proposals = panel.proposals
     arguments = proposal.arguments
     flags = argument_flags(arguments)
     look_alike = {c for flag in flags for c in flag.word if not c.isascii() and not is_hidden(c)}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import (
     Count,
     F,
@@ -22,7 +23,6 @@ from django.db.models import (
 from django.utils import timezone
 
 from approvals import vocabulary
-from approvals.compiled import Compiled, Param, ParamList, literals, prefetched
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -31,9 +31,11 @@ from approvals.models import (
     Membership,
     Occurrence,
     Proposal,
+    RuntimeKey,
     Tenant,
+    ToolContract,
 )
-from approvals.reviews.selectors import approval_state, current_approval, current_proposal
+from approvals.reviews.selectors import approval_state
 from approvals.vocabulary import AuditKind
 from approvals.web.selectors.access import tenant_reviewer_names
 from approvals.web.selectors.history import (
@@ -47,6 +49,7 @@ from approvals.web.selectors.history import (
     occurrence_history,
     rejected_by,
 )
+from approvals.web.selectors.sql import Columns, fetch, on_postgresql, split, words
 
 
 def _freshness_annotations() -> dict[str, Any]:
@@ -118,26 +121,61 @@ def _freshness_queryset() -> QuerySet[Occurrence]:
     )
 
 
+# The freshness annotations in SQL, of the occurrence ``o`` and its tool ``t``, in
+# ``Freshness`` order: the same subqueries ``_freshness_annotations`` builds (a count of
+# nothing is NULL there too: the grouped subquery returns no row).
+_FRESHNESS_SQL = """
+    (SELECT e.id FROM approvals_auditevent e
+      WHERE e.occurrence_id = o.id ORDER BY e.id DESC LIMIT 1),
+    (SELECT a.state FROM approvals_approval a
+       JOIN approvals_proposal p ON p.id = a.proposal_id
+      WHERE a.occurrence_id = o.id AND p.is_current LIMIT 1),
+    (SELECT a.expires_at FROM approvals_approval a
+       JOIN approvals_proposal p ON p.id = a.proposal_id
+      WHERE a.occurrence_id = o.id AND p.is_current LIMIT 1),
+    (SELECT c.state FROM approvals_command c
+       JOIN approvals_approval a ON a.id = c.approval_id
+       JOIN approvals_proposal p ON p.id = a.proposal_id
+      WHERE a.occurrence_id = o.id AND p.is_current LIMIT 1),
+    (SELECT COUNT(m.id) FROM approvals_membership m
+      WHERE m.tenant_id = o.tenant_id AND m.role = %s GROUP BY m.tenant_id),
+    (SELECT MAX(m.id) FROM approvals_membership m
+      WHERE m.tenant_id = o.tenant_id AND m.role = %s GROUP BY m.tenant_id),
+    t.approvals_required,
+    t.quorum_threshold_minor"""
+_FRESHNESS_PARAMS = (Membership.Role.REVIEWER.value, Membership.Role.REVIEWER.value)
+_FRESHNESS_COLUMNS = 8
+
+_FRESHNESS_READ = f"""
+SELECT o.tenant_id, o.status, o.updated_at, {_FRESHNESS_SQL}
+  FROM approvals_occurrence o
+  JOIN approvals_toolcontract t ON t.id = o.tool_id
+ WHERE o.id = %s AND o.tenant_id = ANY(%s)
+ LIMIT 1"""  # noqa: S608 (no input in the text)
+
+
 def freshness_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Freshness | None:
     """An occurrence's freshness in one query, if it belongs to one of ``tenant_ids``."""
     tenant_ids = list(tenant_ids)
-    found = _FRESHNESS.run(pk=occurrence_id, tenant_ids=tenant_ids) if tenant_ids else []
-    return Freshness.of(found[0]) if found else None
+    if not tenant_ids:
+        return None
+    if on_postgresql():
+        rows = fetch(_FRESHNESS_READ, (*_FRESHNESS_PARAMS, occurrence_id, tenant_ids))
+        return Freshness(*rows[0][:3], *_fresh_values(rows[0][3:])) if rows else None
+    found = _freshness_queryset().filter(pk=occurrence_id, tenant_id__in=tenant_ids).first()
+    return Freshness.of(found) if found else None
 
 
-_FRESHNESS = Compiled[Occurrence](
-    lambda tenant_ids: _one_of_tenants(_freshness_queryset(), tenant_ids)
-)
+def _fresh_values(values: Sequence[Any]) -> tuple[Any, ...]:
+    """``Freshness``'s fields after the occurrence's own, from the freshness columns."""
+    event, state, expires_at, command, reviewers, last, quorum, threshold = values
+    return (event, state, expires_at, command, (reviewers, last), (quorum, threshold))
 
 
 def review_queryset() -> QuerySet[Occurrence]:
-    """An occurrence with everything its review page shows, in a fixed number of queries.
-
-    Its freshness and the number of its audit events are read with the occurrence itself,
-    in one statement, so that a page never claims to be newer than what it shows. Pages
-    read it through ``review_get`` (the same statements, compiled once); this queryset is
-    what ``tests/approvals/test_compiled.py`` holds them equal to.
-    """
+    """The ORM twin of ``review_get``: an occurrence with everything its review page
+    shows, in a fixed number of queries (what SQLite runs, and what the tests hold the
+    SQL reads equal to)."""
     return _review_queryset().all()
 
 
@@ -166,7 +204,7 @@ def _review_votes() -> QuerySet[ApprovalVote]:
 
 def _review_approvals() -> QuerySet[Approval]:
     # Each approval with its command (one-to-one), in the same query.
-    return Approval.objects.select_related("approver", "command")
+    return Approval.objects.select_related("approver", "command").order_by("pk")
 
 
 @functools.cache
@@ -182,56 +220,129 @@ def _review_queryset() -> QuerySet[Occurrence]:
     )
 
 
-def _one_of_tenants(queryset: QuerySet[Occurrence], tenant_ids: int) -> QuerySet[Occurrence]:
-    """``queryset``'s occurrence ``pk`` if it belongs to one of ``tenant_ids``, as a
-    compiled read's statement (``approvals.compiled``)."""
-    return queryset.filter(
-        pk=Param("pk", Occurrence._meta.pk),
-        tenant_id__in=ParamList("tenant_ids", tenant_ids, Tenant._meta.pk),
-    )[:1]
+@dataclass(frozen=True)
+class Reviewed:
+    """An occurrence as its review page reads it, at one moment: the occurrence (with its
+    tool, tenant and runtime key), every version in order (each one's votes in
+    ``votes``), every approval (each one's command, if claimed, in ``commands``), its
+    freshness, and how many audit events it has."""
+
+    occurrence: Occurrence
+    proposals: list[Proposal]
+    votes: dict[int, list[ApprovalVote]]
+    approvals: list[Approval]
+    commands: dict[int, Command]
+    freshness: Freshness
+    history_total: int
+
+    @property
+    def current_proposal(self) -> Proposal:
+        return next(p for p in self.proposals if p.is_current)
+
+    @property
+    def current_approval(self) -> Approval | None:
+        current = self.current_proposal
+        return next((a for a in self.approvals if a.proposal_id == current.pk), None)
 
 
-# ``review_queryset``'s four statements, compiled once per process (approvals.compiled).
-_OCCURRENCE_PK = Occurrence._meta.pk
+_OCCURRENCE = Columns(Occurrence, "o")
+_TOOL = Columns(ToolContract, "t")
+_TENANT = Columns(Tenant, "n")
+_KEY = Columns(RuntimeKey, "k")
+_PROPOSAL = Columns(Proposal, "p")
+_VOTE = Columns(ApprovalVote, "v")
+_APPROVAL = Columns(Approval, "a")
+_COMMAND = Columns(Command, "c")
+_USER = Columns(get_user_model(), "u")
+
+_REVIEW_READ = f"""
+SELECT {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql}, {_KEY.sql}, {_FRESHNESS_SQL},
+       (SELECT COUNT(e.id) FROM approvals_auditevent e
+         WHERE e.occurrence_id = o.id GROUP BY e.occurrence_id) AS history_total
+  FROM approvals_occurrence o
+  JOIN approvals_toolcontract t ON t.id = o.tool_id
+  JOIN approvals_tenant n ON n.id = o.tenant_id
+  LEFT JOIN approvals_runtimekey k ON k.id = o.runtime_key_id
+ WHERE o.id = %s AND o.tenant_id = ANY(%s)
+ LIMIT 1"""  # noqa: S608 (no input in the text)
+
+_REVIEW_PROPOSALS = f"""
+SELECT {_PROPOSAL.sql}, {_USER.sql}
+  FROM approvals_proposal p
+  LEFT JOIN auth_user u ON u.id = p.edited_by_id
+ WHERE p.occurrence_id = %s
+ ORDER BY p.version"""  # noqa: S608
+
+_REVIEW_VOTES = f"""
+SELECT {_VOTE.sql}, {_USER.sql}
+  FROM approvals_approvalvote v
+  JOIN approvals_proposal p ON p.id = v.proposal_id
+  JOIN auth_user u ON u.id = v.reviewer_id
+ WHERE p.occurrence_id = %s
+ ORDER BY v.created_at, v.id"""  # noqa: S608
+
+_REVIEW_APPROVALS = f"""
+SELECT {_APPROVAL.sql}, {_USER.sql}, {_COMMAND.sql}
+  FROM approvals_approval a
+  JOIN auth_user u ON u.id = a.approver_id
+  LEFT JOIN approvals_command c ON c.approval_id = a.id
+ WHERE a.occurrence_id = %s
+ ORDER BY a.id"""  # noqa: S608
 
 
-_REVIEW = Compiled[Occurrence](lambda tenant_ids: _one_of_tenants(_review_base(), tenant_ids))
-
-
-_REVIEW_PROPOSALS = Compiled[Proposal](
-    lambda: _review_proposals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
-)
-
-
-_REVIEW_VOTES = Compiled[ApprovalVote](
-    lambda: _review_votes().filter(proposal__occurrence_id=Param("pk", _OCCURRENCE_PK))
-)
-
-
-_REVIEW_APPROVALS = Compiled[Approval](
-    lambda: _review_approvals().filter(occurrence_id=Param("pk", _OCCURRENCE_PK))
-)
-
-
-def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Occurrence | None:
-    """The occurrence if it belongs to one of ``tenant_ids``; None hides it otherwise.
-    What ``review_queryset`` reads, in the same four statements, compiled once."""
+def review_get(*, occurrence_id: uuid.UUID, tenant_ids: Iterable[int]) -> Reviewed | None:
+    """The occurrence as its review page reads it, if it belongs to one of ``tenant_ids``
+    (None hides it otherwise): four statements, whatever its history."""
     tenant_ids = list(tenant_ids)
     if not tenant_ids:
         return None
-    found = _REVIEW.run(pk=occurrence_id, tenant_ids=tenant_ids)
-    if not found:
+    if not on_postgresql():
+        return _reviewed_of(
+            review_queryset().filter(pk=occurrence_id, tenant_id__in=tenant_ids).first()
+        )
+    rows = fetch(_REVIEW_READ, (*_FRESHNESS_PARAMS, occurrence_id, tenant_ids))
+    if not rows:
         return None
-    [occurrence] = found
-    proposals = _REVIEW_PROPOSALS.run(pk=occurrence.pk)
+    occurrence, tool, tenant, key, *rest = split(
+        rows[0], _OCCURRENCE, _TOOL, _TENANT, _KEY, _FRESHNESS_COLUMNS + 1
+    )
+    occurrence.tool, occurrence.tenant, occurrence.runtime_key = tool, tenant, key
+    proposals = []
+    for row in fetch(_REVIEW_PROPOSALS, [occurrence.pk]):
+        proposal, proposal.edited_by = split(row, _PROPOSAL, _USER)
+        proposals.append(proposal)
     votes: dict[int, list[ApprovalVote]] = {p.pk: [] for p in proposals}
-    for vote in _REVIEW_VOTES.run(pk=occurrence.pk):
+    for row in fetch(_REVIEW_VOTES, [occurrence.pk]):
+        vote, vote.reviewer = split(row, _VOTE, _USER)
         votes[vote.proposal_id].append(vote)
-    for proposal in proposals:
-        prefetched(proposal, "votes", votes[proposal.pk])
-    prefetched(occurrence, "proposals", proposals)
-    prefetched(occurrence, "approvals", _REVIEW_APPROVALS.run(pk=occurrence.pk))
-    return occurrence
+    approvals, commands = [], {}
+    for row in fetch(_REVIEW_APPROVALS, [occurrence.pk]):
+        approval, approval.approver, command = split(row, _APPROVAL, _USER, _COMMAND)
+        approvals.append(approval)
+        if command is not None:
+            commands[approval.pk] = command
+    freshness = Freshness(
+        occurrence.tenant_id, occurrence.status, occurrence.updated_at, *_fresh_values(rest[:-1])
+    )
+    return Reviewed(occurrence, proposals, votes, approvals, commands, freshness, rest[-1] or 0)
+
+
+def _reviewed_of(occurrence: Occurrence | None) -> Reviewed | None:
+    """``Reviewed`` from an occurrence read with ``review_queryset`` (the ORM twin)."""
+    if occurrence is None:
+        return None
+    proposals = list(occurrence.proposals.all())
+    approvals = list(occurrence.approvals.all())
+    annotated: Any = occurrence
+    return Reviewed(
+        occurrence=occurrence,
+        proposals=proposals,
+        votes={p.pk: list(p.votes.all()) for p in proposals},
+        approvals=approvals,
+        commands={a.pk: a.command for a in approvals if hasattr(a, "command")},
+        freshness=Freshness.of(occurrence),
+        history_total=annotated.history_total or 0,
+    )
 
 
 class PanelState:
@@ -281,18 +392,15 @@ class DecisionView:
         return [vote.reviewer.get_username() for vote in self.votes]
 
 
-def occurrence_decision(occurrence: Occurrence, now: datetime | None = None) -> DecisionView:
-    """The decision panel's state, from an occurrence loaded with ``review_get``."""
+def occurrence_decision(reviewed: Reviewed, now: datetime | None = None) -> DecisionView:
+    """The decision panel's state, from an occurrence read with ``review_get``."""
     now = now or timezone.now()
-    proposal = current_proposal(occurrence)
-    votes = list(proposal.votes.all())
+    occurrence = reviewed.occurrence
+    proposal = reviewed.current_proposal
+    votes = reviewed.votes[proposal.pk]
     needed = occurrence.tool.approvals_needed(proposal.arguments)
-    approval = current_approval(occurrence)
-    command = None
-    if approval is not None:
-        # Read with the approval (``review_get``); an approval without one raises
-        # RelatedObjectDoesNotExist, an AttributeError.
-        command = getattr(approval, "command", None)
+    approval = reviewed.current_approval
+    command = reviewed.commands.get(approval.pk) if approval is not None else None
 
     status = occurrence.status
     if status == Occurrence.Status.REJECTED:
@@ -351,19 +459,32 @@ def effect_evidence(
             key=_pk,
             reverse=True,
         )[:EFFECT_EVENTS]
+    elif on_postgresql():
+        events = [_EVENT.load(row) for row in fetch(_EFFECT_EVENTS, (occurrence.pk, command.pk))]
     else:
-        events = _EFFECT_EVENTS.run(occurrence=occurrence.pk, command=command.pk)
+        events = list(_effect_events_queryset(occurrence.pk, command.pk))
     return _effect_evidence_of(events)
 
 
-_EFFECT_EVENTS = Compiled[AuditEvent](
-    lambda: AuditEvent.objects.filter(
-        occurrence_id=Param("occurrence", Occurrence._meta.pk),
-        command_id=Param("command", AuditEvent._meta.get_field("command_id")),
-        # audit_command_effects' condition, in the statement's text (compiled.Literal).
-        kind__in=literals(vocabulary.EFFECT_KINDS),
+def _effect_events_queryset(
+    occurrence_id: uuid.UUID, command_id: uuid.UUID
+) -> QuerySet[AuditEvent]:
+    """The ORM twin of ``_EFFECT_EVENTS``."""
+    return AuditEvent.objects.filter(
+        occurrence_id=occurrence_id, command_id=command_id, kind__in=vocabulary.EFFECT_KINDS
     ).order_by("-id")[:EFFECT_EVENTS]
-)
+
+
+_EVENT = Columns(AuditEvent, "e")
+# The kinds are in the statement's text: the partial index audit_command_effects serves a
+# prepared statement's generic plan only if its text implies the index's condition.
+_EFFECT_EVENTS = f"""
+SELECT {_EVENT.sql}
+  FROM approvals_auditevent e
+ WHERE e.occurrence_id = %s AND e.command_id = %s
+   AND e.kind IN ({words(vocabulary.EFFECT_KINDS)})
+ ORDER BY e.id DESC
+ LIMIT {EFFECT_EVENTS}"""  # noqa: S608 (the console's own words, no input)
 
 
 def _effect_evidence_of(events: list[AuditEvent]) -> EffectEvidence:
@@ -389,9 +510,8 @@ def _effect_evidence_of(events: list[AuditEvent]) -> EffectEvidence:
 class ReviewSnapshot:
     """What a review page reads about one occurrence, at one moment."""
 
-    occurrence: Occurrence
+    reviewed: Reviewed
     decision: DecisionView
-    freshness: Freshness
     # One window of the history (the newest by default), oldest first, and where it lies.
     history: HistoryWindow
     rejected_by: str
@@ -403,9 +523,17 @@ class ReviewSnapshot:
     # What the outside world did with the command, read once there is one.
     effect: EffectEvidence | None = None
 
+    @property
+    def occurrence(self) -> Occurrence:
+        return self.reviewed.occurrence
+
+    @property
+    def freshness(self) -> Freshness:
+        return self.reviewed.freshness
+
 
 def review_snapshot(
-    occurrence: Occurrence,
+    reviewed: Reviewed,
     now: datetime | None = None,
     *,
     cursor: HistoryCursor = NEWEST,
@@ -414,10 +542,10 @@ def review_snapshot(
     another) and, while undecided, who could still approve: a fixed number of queries on
     top of ``review_get``, however long the history."""
     now = now or timezone.now()
-    decision = occurrence_decision(occurrence, now)
+    occurrence = reviewed.occurrence
+    decision = occurrence_decision(reviewed, now)
     undecided = decision.state in {PanelState.PENDING, PanelState.AWAITING_QUORUM}
-    annotated: Any = occurrence
-    history = occurrence_history(occurrence, cursor, total=annotated.history_total or 0)
+    history = occurrence_history(occurrence, cursor, total=reviewed.history_total)
     rejector = ""
     if decision.state == PanelState.REJECTED:
         shown = reversed(history.events)
@@ -434,14 +562,13 @@ def review_snapshot(
             if whole is not None
             else claim_tally_of_history(
                 occurrence,
-                events=annotated.history_total or 0,
-                last_event_id=annotated.fresh_event_id,
+                events=reviewed.history_total,
+                last_event_id=reviewed.freshness.last_event_id,
             )
         )
     return ReviewSnapshot(
-        occurrence=occurrence,
+        reviewed=reviewed,
         decision=decision,
-        freshness=Freshness.of(occurrence),
         history=history,
         rejected_by=rejector,
         claims=claims,
