@@ -17,7 +17,6 @@ from django.db.models import (
 from django.utils import timezone
 from psycopg import IsolationLevel
 
-from approvals.compiled import Compiled
 from approvals.models import (
     Approval,
     Command,
@@ -28,6 +27,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.sql import Columns, fetch, on_postgresql
 
 
 def parse_uuid(value: str) -> uuid.UUID | None:
@@ -128,25 +128,26 @@ def approvals_with_fingerprint(fingerprint: str) -> QuerySet[Approval]:
     return Approval.objects.filter(Q(fingerprint=fingerprint) | Q(pk__in=retired))
 
 
-_TOOL_IDS = Compiled[tuple[str, int]](
-    lambda: ToolContract.objects.order_by("name").values_list("name", "id")
-)
-
-
-_INBOX_TOOLS = Compiled[ToolContract](
-    lambda: ToolContract.objects.defer("json_schema", "description").order_by("name")
-)
+# An inbox row shows a tool's name, never its schema or description.
+_INBOX_TOOL = Columns(ToolContract, "t", defer=("json_schema", "description"))
+_TOOLS_SQL = f"SELECT {_INBOX_TOOL.sql} FROM approvals_toolcontract t ORDER BY t.name"  # noqa: S608
 
 
 def tool_ids() -> dict[str, int]:
     """Tool contract ids by name, in name order: the inbox's tool filter."""
-    return dict(_TOOL_IDS.run())
+    if on_postgresql():
+        return dict(fetch("SELECT t.name, t.id FROM approvals_toolcontract t ORDER BY t.name", []))
+    return dict(ToolContract.objects.order_by("name").values_list("name", "id"))
 
 
 def inbox_tools() -> dict[int, ToolContract]:
     """Every tool contract by id, in name order, without the schema and description an
     inbox row never shows: the inbox's tool filter, and the tool of each of its rows."""
-    return {contract.pk: contract for contract in _INBOX_TOOLS.run()}
+    if on_postgresql():
+        contracts = [_INBOX_TOOL.load(row) for row in fetch(_TOOLS_SQL, [])]
+    else:
+        contracts = list(ToolContract.objects.defer("json_schema", "description").order_by("name"))
+    return {contract.pk: contract for contract in contracts}
 
 
 def tool_contracts() -> list[ToolContract]:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.utils import timezone
 
 from approvals.models import (
@@ -24,21 +23,7 @@ from reconciliation.investigations.facts import (
     Facts,
     InvocationFact,
 )
-from reconciliation.investigations.reads import (
-    _APPROVALS,
-    _COMMANDS,
-    _COUNT,
-    _DECISIONS,
-    _DECISIVE,
-    _DELIVERIES,
-    _INVOCATIONS,
-    _OCCURRENCES,
-    _SEED_APPROVALS,
-    _SEED_COMMANDS,
-    _SEEDS,
-    _event_fact_of_row,
-    _newest,
-)
+from reconciliation.investigations.reads_orm import Chain
 from reconciliation.models import AdapterInvocation
 
 
@@ -85,65 +70,57 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     # execution, occurrence), approvals by fingerprint, commands by id.
     # Other producers' events may name a command the console does not hold; the console's
     # own command events carry their occurrence (``_named``).
-    by_id = pk is not None
-    seeds = _SEEDS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
-    seed_approvals = _SEED_APPROVALS[by_id].run(q=q, pk=pk, tenant_ids=tenant_ids)
-    seed_commands = _SEED_COMMANDS.run(pk=pk, tenant_ids=tenant_ids) if by_id else []
+    seeds = reads.seeds(q=q, pk=pk, tenant_ids=tenant_ids)
+    seed_approvals = reads.seed_approvals(q=q, pk=pk, tenant_ids=tenant_ids)
+    seed_commands = reads.seed_commands(pk=pk, tenant_ids=tenant_ids) if pk is not None else []
     occurrence_ids = {o for _, o, _ in seeds if o} | {o for o, _ in seed_approvals}
     occurrence_ids |= {o for _, o in seed_commands} | ({pk} if pk is not None else set())
     fingerprints = {f for f, _, _ in seeds if f} | {f for _, f in seed_approvals if f}
     command_ids = {c for _, _, c in seeds if c} | {c for c, _ in seed_commands}
 
     # 2. The approvals of those occurrences and fingerprints, then the occurrences.
-    approvals = _APPROVALS.run(
+    approvals = reads.approvals(
         tenant_ids=tenant_ids, occurrence_ids=list(occurrence_ids), fingerprints=list(fingerprints)
     )
     occurrence_ids |= {a.occurrence_id for a in approvals}
     fingerprints |= {a.fingerprint for a in approvals if a.fingerprint}
     ranked = sorted(occurrence_ids, key=str)
-    occurrences = _OCCURRENCES.run(
+    occurrences = reads.occurrences(
         tenant_ids=tenant_ids, occurrence_ids=ranked[: reads.OCCURRENCE_LIMIT]
     )
     limited = len(ranked) > reads.OCCURRENCE_LIMIT
     occurrence_ids = {o.pk for o in occurrences}
 
     # 3. Commands, their adapter invocations and the operators' decisions about them.
-    commands = _COMMANDS.run(
+    commands = reads.commands(
         tenant_ids=tenant_ids, occurrence_ids=list(occurrence_ids), command_ids=list(command_ids)
     )
     console_command_ids = [c.pk for c in commands]
     command_ids |= set(console_command_ids)
-    invocations = _INVOCATIONS.run(command_ids=console_command_ids)
-    decisions = _DECISIONS.run(command_ids=console_command_ids)
+    invocations = reads.invocations(command_ids=console_command_ids)
+    decisions = reads.decisions(command_ids=console_command_ids)
 
     # 4. The audit events of all of it: every approved decision and committed effect (what
     # the verdict cannot do without), and the newest others; then their later deliveries.
-    chain_values: dict[str, Any] = {
-        "q": q,
-        "pk": pk,
-        "tenant_ids": tenant_ids,
-        "occurrence_ids": list(occurrence_ids),
-        "fingerprints": list(fingerprints),
-        "command_ids": list(command_ids),
-    }
-    # Read as plain values, never as models: a chain of hundreds of events is read on every
-    # request, and building (and decoding the payload of) each model cost more than the
-    # query. Only an effect's receipt is read from the payload.
-    newest = _newest(by_id, chain_values)
+    chain = Chain(
+        q=q,
+        pk=pk,
+        tenant_ids=tenant_ids,
+        occurrence_ids=sorted(occurrence_ids, key=str),
+        fingerprints=sorted(fingerprints),
+        command_ids=sorted(command_ids, key=str),
+    )
+    newest = reads.newest(chain)
     if len(newest) < reads.EVENT_LIMIT:
         # The whole chain: its decisive events are among the newest, and counted.
         decisive, total = [], len(newest)
     else:
         # Found by the audit_decisive_* indexes, however many refusals surround them.
-        decisive = _DECISIVE[by_id].run(fixed={"limit": reads.DECISIVE_LIMIT}, **chain_values)
-        total = sum(_COUNT[by_id].run(**chain_values))
-    if connection.vendor == "postgresql":
-        facts_of = {row[0]: EventFact._make(row) for row in decisive + newest}
-    else:
-        texts: dict[Any, str] = {}  # the chain's few occurrence and command ids, once
-        facts_of = {row[0]: _event_fact_of_row(row, texts) for row in decisive + newest}
+        decisive = reads.decisive(chain)
+        total = reads.count(chain)
+    facts_of = {row[0]: EventFact._make(row) for row in decisive + newest}
     events = sorted(facts_of.values(), key=lambda e: e.pk)
-    deliveries = _DELIVERIES.run(tenant_ids=tenant_ids, read=[e.pk for e in events])
+    deliveries = reads.deliveries(tenant_ids=tenant_ids, event_ids=[e.pk for e in events])
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
     fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}

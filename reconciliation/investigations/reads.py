@@ -1,514 +1,381 @@
 """The investigation's reads: the seeds a query names, the chain of events around them
 (newest and decisive first), approvals, commands, invocations, operator decisions and
-duplicate deliveries."""
+duplicate deliveries.
+
+On PostgreSQL each is one plain SQL statement (``approvals.sql``); SQLite runs its ORM twin
+(``reconciliation.investigations.reads_orm``), which the tests hold it equal to. A chain
+is read as plain values (``EventFact``), never as models: a chain of hundreds of events is
+read on every request, and building (and decoding the payload of) each model cost more
+than the query.
+"""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from django.db import connection, models
-from django.db.models import (
-    Case,
-    CharField,
-    F,
-    Field,
-    Func,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-    TextField,
-    UUIDField,
-    Value,
-    When,
-)
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce
+from django.contrib.auth import get_user_model
 
 from approvals import vocabulary
-from approvals.compiled import (
-    Compiled,
-    CompiledStatement,
-    Literal,
-    Param,
-    ParamArray,
-    ParamList,
-)
 from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
-    AuditEvent,
+    AuditIngestion,
     Command,
+    Epoch,
     Occurrence,
-    Proposal,
     Tenant,
+    ToolContract,
 )
+from approvals.sql import Columns, fetch, on_postgresql, split
 from approvals.vocabulary import AuditKind, ClaimDecision
-from reconciliation.investigations.access import User
-from reconciliation.investigations.facts import (
-    EventFact,
-)
+from reconciliation.investigations import reads_orm
+from reconciliation.investigations.reads_orm import Chain
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
-# The approval's columns ``ApprovalFact`` is built from.
-_APPROVAL_FIELDS = (
-    "tenant_id",
-    "occurrence_id",
-    "fingerprint",
-    "state",
-    "expires_at",
-    "consumed_by_execution",
-    "issued_at",
-    "delivered_at",
-)
+# Bounds that keep one page's work bounded when an id names very many things.
+SEED_LIMIT = 200
+OCCURRENCE_LIMIT = 50
+EVENT_LIMIT = 500
+DECISIVE_LIMIT = 200
 
 
-# The chain's newest events, by id but not along an index in id order: PostgreSQL would
-# walk the primary key (or the tenant's (tenant, id) index) back from the newest event,
-# filtering, until it had found EVENT_LIMIT of the chain's. For a chain of thousands of
-# events a month old that is every event written since (300,000 newer events: 113 ms,
-# where finding the chain's events through their own indexes and sorting them takes 2-4
-# ms, however old they are). ``_newest_rows`` reads along an index only where the index
-# holds nothing but the chain's events, in id order.
-_NEWEST_FIRST = (F("id") + 0).desc()
+def _equals(column: str, values: list[Any] | int) -> str:
+    """``column`` is one of the values given (``%s`` stands for them): ``= %s`` for one
+    value, which PostgreSQL can read along an index in order, ``= ANY(%s)`` for a list."""
+    return f"{column} = %s" if values == 1 else f"{column} = ANY(%s)"
 
 
-_OLDEST_FIRST = (F("id") + 0).asc()  # the decisive events, for the same reason
+def _one_or_all(values: list[Any]) -> Any:
+    """The parameter ``_equals`` wrote ``%s`` for."""
+    return values[0] if len(values) == 1 else values
 
 
-# What ``EventFact`` holds, in the order ``_event_fact_of_row`` reads it.
-_EVENT_COLUMNS = (
-    "pk",
-    "event_id",
-    "kind",
-    "tenant_id",
-    "source_time",
-    "token_fingerprint",
-    "decision",
-    "reason_code",
-    "execution_id",
-    "message_id",
-    "command_id",
-    "occurrence_id",
-    "receipt_value",  # the payload's "receipt", decoded, or None
-    "ingestion_id",
-    "ingested_at",
-)
+# What the fingerprint's and the execution's indexes hold (their conditions, written as the
+# indexes' are, so that PostgreSQL uses them in a prepared statement's generic plan).
+_HAS_FINGERPRINT = "NOT (e.token_fingerprint = '')"
+_HAS_EXECUTION = "NOT (e.execution_id = '')"
+# DECISIVE_EVENTS, the audit_decisive_* indexes' condition.
+_DECISIVE = f"(e.decision = '{ClaimDecision.APPROVED}' OR e.kind = '{AuditKind.EFFECT_COMMITTED}')"
 
 
-def _event_fact_of_row(row: tuple[Any, ...], texts: dict[Any, str]) -> EventFact:
-    """An event read by ``_EVENT_COLUMNS`` (elsewhere than on PostgreSQL). ``texts``
-    keeps the text of each UUID seen: a chain's events name the same few occurrences and
-    commands hundreds of times."""
-    (
-        pk,
-        event_id,
-        kind,
-        tenant_id,
-        source_time,
-        fingerprint,
-        decision,
-        reason_code,
-        execution_id,
-        message_id,
-        command_id,
-        occurrence_id,
-        receipt,
-        ingestion_id,
-        ingested_at,
-    ) = row
-    return EventFact(
-        pk,
-        str(event_id),
-        kind,
-        tenant_id,
-        source_time,
-        fingerprint,
-        decision,
-        reason_code,
-        execution_id,
-        message_id,
-        ""
-        if command_id is None
-        else texts.get(command_id) or texts.setdefault(command_id, str(command_id)),
-        ""
-        if occurrence_id is None
-        else texts.get(occurrence_id) or texts.setdefault(occurrence_id, str(occurrence_id)),
-        # Only an effect event's receipt names an effect.
-        receipt if isinstance(receipt, str) and kind.startswith(vocabulary.EFFECT_PREFIX) else "",
-        ingestion_id,
-        ingested_at,
+# --- what the id names ------------------------------------------------------------------
+
+
+def seeds(*, q: str, pk: uuid.UUID | None, tenant_ids: list[int]) -> list[tuple[Any, ...]]:
+    """(fingerprint, occurrence id, command id) of the events ``q`` names."""
+    if not on_postgresql():
+        return reads_orm.seeds(q=q, pk=pk, tenant_ids=tenant_ids, limit=SEED_LIMIT)
+    named = (
+        f"(e.token_fingerprint = %s AND {_HAS_FINGERPRINT})"
+        f" OR (e.execution_id = %s AND {_HAS_EXECUTION})"
     )
+    params: list[Any] = [_one_or_all(tenant_ids), q, q]
+    if pk is not None:
+        named += " OR e.occurrence_id = %s OR (e.command_id = %s AND e.ingestion_id IS NOT NULL)"
+        params += [pk, pk]
+    sql = f"""SELECT DISTINCT e.token_fingerprint, e.occurrence_id, e.command_id
+                FROM approvals_auditevent e
+               WHERE {_equals("e.tenant_id", len(tenant_ids))} AND ({named})
+               LIMIT {SEED_LIMIT}"""  # noqa: S608 (no input in the text)
+    return fetch(sql, params)
 
 
-_UUID: Field[Any, Any] = UUIDField()
+def seed_approvals(*, q: str, pk: uuid.UUID | None, tenant_ids: list[int]) -> list[tuple[Any, ...]]:
+    """(occurrence id, fingerprint) of the approvals ``q`` names."""
+    if not on_postgresql():
+        return reads_orm.seed_approvals(q=q, pk=pk, tenant_ids=tenant_ids, limit=SEED_LIMIT)
+    named, params = "a.fingerprint = %s", [_one_or_all(tenant_ids), q]
+    if pk is not None:
+        named, params = named + " OR a.occurrence_id = %s", [*params, pk]
+    sql = f"""SELECT a.occurrence_id, a.fingerprint FROM approvals_approval a
+               WHERE {_equals("a.tenant_id", len(tenant_ids))} AND ({named})
+               LIMIT {SEED_LIMIT}"""  # noqa: S608
+    return fetch(sql, params)
 
 
-_TEXT: Field[Any, Any] = CharField()
+def seed_commands(*, pk: uuid.UUID, tenant_ids: list[int]) -> list[tuple[Any, ...]]:
+    """(command id, occurrence id) of the commands the id names (its own, or its
+    occurrence's)."""
+    if not on_postgresql():
+        return reads_orm.seed_commands(pk=pk, tenant_ids=tenant_ids, limit=SEED_LIMIT)
+    sql = f"""SELECT c.id, c.occurrence_id FROM approvals_command c
+               WHERE {_equals("c.tenant_id", len(tenant_ids))}
+                 AND (c.id = %s OR c.occurrence_id = %s)
+               LIMIT {SEED_LIMIT}"""  # noqa: S608
+    return fetch(sql, [_one_or_all(tenant_ids), pk, pk])
 
 
-_TENANT = Tenant._meta.pk
+# --- the records around it --------------------------------------------------------------
 
 
-def _tenants(size: int) -> ParamList:
-    return ParamList("tenant_ids", size, _TENANT)
+def _all_but(model: Any, *kept: str) -> list[str]:
+    return [f.name for f in model._meta.concrete_fields if f.name not in kept]
 
 
-def _in(lookup: str, name: str, size: int, field: Any) -> Q:
-    """``lookup__in`` the list ``name``; nothing for an empty one."""
-    if not size:
-        return Q(pk__in=[])
-    return Q(**{f"{lookup}__in": ParamList(name, size, field)})
-
-
-# The fingerprint's and the execution's indexes hold only events that have one; the
-# conditions that say so are written into the statements (compiled.Literal), so that
-# PostgreSQL can use those indexes in a prepared statement's generic plan. (Never an empty
-# value is looked up: ``q`` is not empty, nor is any fingerprint gathered.)
-_HAS_FINGERPRINT = ~Q(token_fingerprint=Literal(""))
-
-
-_HAS_EXECUTION = ~Q(execution_id=Literal(""))
-
-
-# DECISIVE_EVENTS, the audit_decisive_* indexes' condition, in the statements' text.
-_DECISIVE_EVENTS = Q(decision=Literal(ClaimDecision.APPROVED)) | Q(
-    kind=Literal(AuditKind.EFFECT_COMMITTED)
+# What ``ApprovalFact`` holds: the token's hash and the approver's password hash stay in
+# the database (fewer columns to read and build).
+_APPROVAL = Columns(
+    Approval,
+    "a",
+    defer=[
+        f.name for f in Approval._meta.concrete_fields if f.attname not in reads_orm.APPROVAL_FIELDS
+    ],
 )
+_USER_MODEL = get_user_model()
+_APPROVER = Columns(_USER_MODEL, "u", defer=_all_but(_USER_MODEL, _USER_MODEL.USERNAME_FIELD))
 
 
-def _fingerprint_is(value: Any) -> Q:
-    return Q(token_fingerprint=value) & _HAS_FINGERPRINT
-
-
-def _named(by_id: bool) -> Q:
-    """What the id names (``named`` in ``_investigation_get``), as parameters."""
-    named = _fingerprint_is(Param("q", _TEXT)) | (
-        Q(execution_id=Param("q", _TEXT)) & _HAS_EXECUTION
-    )
-    if by_id:
-        named |= Q(occurrence_id=Param("pk", _UUID)) | Q(
-            command_id=Param("pk", _UUID), ingestion__isnull=False
+def approvals(
+    *, tenant_ids: list[int], occurrence_ids: list[Any], fingerprints: list[str]
+) -> list[Approval]:
+    """The approvals of those occurrences and fingerprints, each with its approver's name."""
+    if not on_postgresql():
+        return reads_orm.approvals(
+            tenant_ids=tenant_ids,
+            occurrence_ids=occurrence_ids,
+            fingerprints=fingerprints,
+            limit=SEED_LIMIT,
         )
-    return named
+    if not occurrence_ids and not fingerprints:
+        return []
+    sql = f"""SELECT {_APPROVAL.sql}, {_APPROVER.sql}
+                FROM approvals_approval a JOIN auth_user u ON u.id = a.approver_id
+               WHERE {_equals("a.tenant_id", len(tenant_ids))}
+                 AND (a.occurrence_id = ANY(%s) OR a.fingerprint = ANY(%s))
+               ORDER BY a.issued_at, a.id
+               LIMIT {SEED_LIMIT}"""  # noqa: S608
+    found = []
+    for row in fetch(sql, [_one_or_all(tenant_ids), occurrence_ids, fingerprints]):
+        approval, approval.approver = split(row, _APPROVAL, _APPROVER)
+        found.append(approval)
+    return found
 
 
-def _chain_arms(
-    by_id: bool, occurrence_ids: int, fingerprints: int, command_ids: int
-) -> list[tuple[Q, bool]]:
-    """The ways the chain names an event, each with whether an index holds that arm's
-    events in id order (one value of an indexed column: the fingerprint's, execution's and
-    occurrence's, and the ingested events' command index, end with the id)."""
-    arms = [
-        (_fingerprint_is(Param("q", _TEXT)), True),
-        (Q(execution_id=Param("q", _TEXT)) & _HAS_EXECUTION, True),
+# What the page shows of an occurrence: its tool's and tenant's names, its status and the
+# amounts of its current action (read in the same statement).
+_OCCURRENCE = Columns(Occurrence, "o", defer=_all_but(Occurrence, *reads_orm.OCCURRENCE_FIELDS))
+_TOOL = Columns(ToolContract, "t", defer=_all_but(ToolContract, "name"))
+_TENANT = Columns(Tenant, "n", defer=_all_but(Tenant, "name"))
+
+
+def occurrences(*, tenant_ids: list[int], occurrence_ids: list[Any]) -> list[Occurrence]:
+    """The occurrences, oldest first, each with its tool and tenant (their names) and its
+    current action (``current_action``)."""
+    if not on_postgresql():
+        return reads_orm.occurrences(tenant_ids=tenant_ids, occurrence_ids=occurrence_ids)
+    if not occurrence_ids:
+        return []
+    sql = f"""SELECT {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql},
+                     (SELECT p.canonical_action FROM approvals_proposal p
+                       WHERE p.occurrence_id = o.id AND p.is_current LIMIT 1)
+                FROM approvals_occurrence o
+                JOIN approvals_toolcontract t ON t.id = o.tool_id
+                JOIN approvals_tenant n ON n.id = o.tenant_id
+               WHERE {_equals("o.tenant_id", len(tenant_ids))} AND o.id = ANY(%s)
+               ORDER BY o.created_at"""  # noqa: S608
+    found = []
+    for row in fetch(sql, [_one_or_all(tenant_ids), occurrence_ids]):
+        occurrence, occurrence.tool, occurrence.tenant, action = split(
+            row, _OCCURRENCE, _TOOL, _TENANT, 1
+        )
+        occurrence.current_action = action
+        found.append(occurrence)
+    return found
+
+
+_COMMAND = Columns(Command, "c")
+
+
+def commands(
+    *, tenant_ids: list[int], occurrence_ids: list[Any], command_ids: list[Any]
+) -> list[Command]:
+    if not on_postgresql():
+        return reads_orm.commands(
+            tenant_ids=tenant_ids,
+            occurrence_ids=occurrence_ids,
+            command_ids=command_ids,
+            limit=SEED_LIMIT,
+        )
+    if not occurrence_ids and not command_ids:
+        return []
+    sql = f"""SELECT {_COMMAND.sql} FROM approvals_command c
+               WHERE {_equals("c.tenant_id", len(tenant_ids))}
+                 AND (c.occurrence_id = ANY(%s) OR c.id = ANY(%s))
+               ORDER BY c.created_at
+               LIMIT {SEED_LIMIT}"""  # noqa: S608
+    params = [_one_or_all(tenant_ids), occurrence_ids, command_ids]
+    return [_COMMAND.load(row) for row in fetch(sql, params)]
+
+
+_INVOCATION = Columns(AdapterInvocation, "i")
+_EPOCH = Columns(Epoch, "p")
+_DECISION = Columns(OperatorDecision, "d")
+
+
+def invocations(*, command_ids: list[Any]) -> list[AdapterInvocation]:
+    """The commands' adapter invocations, each with its epoch."""
+    if not on_postgresql():
+        return reads_orm.invocations(command_ids=command_ids)
+    if not command_ids:
+        return []
+    sql = f"""SELECT {_INVOCATION.sql}, {_EPOCH.sql}
+                FROM reconciliation_adapterinvocation i
+                JOIN approvals_epoch p ON p.id = i.epoch_id
+               WHERE i.command_id = ANY(%s)
+               ORDER BY i.command_id, i.number"""  # noqa: S608
+    found = []
+    for row in fetch(sql, [command_ids]):
+        invocation, invocation.epoch = split(row, _INVOCATION, _EPOCH)
+        found.append(invocation)
+    return found
+
+
+def decisions(*, command_ids: list[Any]) -> list[OperatorDecision]:
+    if not on_postgresql():
+        return reads_orm.decisions(command_ids=command_ids)
+    if not command_ids:
+        return []
+    sql = f"""SELECT {_DECISION.sql} FROM reconciliation_operatordecision d
+               WHERE d.command_id = ANY(%s)
+               ORDER BY d.created_at, d.id"""  # noqa: S608
+    return [_DECISION.load(row) for row in fetch(sql, [command_ids])]
+
+
+# --- the chain of events ----------------------------------------------------------------
+
+# ``EventFact``'s fields, in its order, made by PostgreSQL: the ids as its text of them
+# (which is str(uuid)), "" for none, and an effect's receipt if it is a string. Hundreds of
+# UUIDs loaded and turned back into text, and a JSON value decoded per row, cost more than
+# the rest of the rows.
+_EVENT_FACT_SQL = f"""e.id, e.event_id::text, e.kind, e.tenant_id, e.source_time,
+       e.token_fingerprint, e.decision, e.reason_code, e.execution_id, e.message_id,
+       COALESCE(e.command_id::text, ''), COALESCE(e.occurrence_id::text, ''),
+       CASE WHEN e.kind LIKE '{vocabulary.EFFECT_PREFIX}%%'
+             AND jsonb_typeof(e.data -> 'receipt') = 'string'
+            THEN e.data ->> 'receipt' ELSE '' END,
+       e.ingestion_id, e.ingested_at"""
+
+
+def _arms(chain: Chain) -> list[tuple[str, list[Any], bool]]:
+    """The ways the chain names an event: each arm's condition, its values, and whether an
+    index holds that arm's events in id order (one value of an indexed column: the
+    fingerprint's, execution's and occurrence's, and the ingested events' command index,
+    end with the id)."""
+    arms: list[tuple[str, list[Any], bool]] = [
+        (f"e.token_fingerprint = %s AND {_HAS_FINGERPRINT}", [chain.q], True),
+        (f"e.execution_id = %s AND {_HAS_EXECUTION}", [chain.q], True),
     ]
-    if by_id:
+    if chain.pk is not None:
         arms += [
-            (Q(occurrence_id=Param("pk", _UUID)), True),
-            (Q(command_id=Param("pk", _UUID), ingestion__isnull=False), True),
+            ("e.occurrence_id = %s", [chain.pk], True),
+            ("e.command_id = %s AND e.ingestion_id IS NOT NULL", [chain.pk], True),
         ]
-    if occurrence_ids:
-        arms.append(
-            (_in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID), occurrence_ids == 1)
-        )
-    if fingerprints:
+    if chain.occurrence_ids:
+        one = len(chain.occurrence_ids) == 1
         arms.append(
             (
-                _in("token_fingerprint", "fingerprints", fingerprints, _TEXT) & _HAS_FINGERPRINT,
-                fingerprints == 1,
+                _equals("e.occurrence_id", len(chain.occurrence_ids)),
+                [_one_or_all(chain.occurrence_ids)],
+                one,
             )
         )
-    if command_ids:
+    if chain.fingerprints:
+        one = len(chain.fingerprints) == 1
         arms.append(
             (
-                _in("command_id", "command_ids", command_ids, _UUID) & Q(ingestion__isnull=False),
-                command_ids == 1,
+                f"{_equals('e.token_fingerprint', len(chain.fingerprints))} AND {_HAS_FINGERPRINT}",
+                [_one_or_all(chain.fingerprints)],
+                one,
+            )
+        )
+    if chain.command_ids:
+        one = len(chain.command_ids) == 1
+        arms.append(
+            (
+                f"{_equals('e.command_id', len(chain.command_ids))} AND e.ingestion_id IS NOT NULL",
+                [_one_or_all(chain.command_ids)],
+                one,
             )
         )
     return arms
 
 
-def _chain_q(by_id: bool, occurrence_ids: int, fingerprints: int, command_ids: int) -> Q:
-    chain = Q()
-    for arm, _ in _chain_arms(by_id, occurrence_ids, fingerprints, command_ids):
-        chain |= arm
-    return chain
+def _chain_where(chain: Chain) -> tuple[str, list[Any]]:
+    """The chain as one condition (its arms OR-ed), with the tenant's, and its values."""
+    arms = _arms(chain)
+    condition = " OR ".join(f"({sql})" for sql, _, _ in arms)
+    params = [_one_or_all(chain.tenant_ids)] + [p for _, values, _ in arms for p in values]
+    return f"{_equals('e.tenant_id', len(chain.tenant_ids))} AND ({condition})", params
 
 
-def _event_rows(tenant_ids: int, condition: Q) -> QuerySet[AuditEvent, tuple[Any, ...]]:
-    rows = AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids)).filter(condition)
-    if connection.vendor == "postgresql":
-        # Each row as ``EventFact`` holds it, made by PostgreSQL: the ids as its text of
-        # them (which is str(uuid)), "" for none, and an effect's receipt if it is a
-        # string. Hundreds of UUIDs loaded and turned back into text, and a JSON value
-        # decoded per row, cost more than the rest of the rows.
-        rows = rows.annotate(
-            receipt_type=Func(F("data__receipt"), function="jsonb_typeof", output_field=_TEXT)
-        )
-        return rows.annotate(
-            event_text=Cast("event_id", TextField()),
-            command_text=Coalesce(
-                Cast("command_id", TextField()), Value(""), output_field=TextField()
-            ),
-            occurrence_text=Coalesce(
-                Cast("occurrence_id", TextField()), Value(""), output_field=TextField()
-            ),
-            receipt_text=Case(
-                When(
-                    kind__startswith=vocabulary.EFFECT_PREFIX,
-                    receipt_type="string",
-                    then=KT("data__receipt"),
-                ),
-                default=Value(""),
-                output_field=TextField(),
-            ),
-        ).values_list(*_EVENT_FACT_COLUMNS)
-    return rows.annotate(receipt_value=F("data__receipt")).values_list(*_EVENT_COLUMNS)
+def newest(chain: Chain) -> list[tuple[Any, ...]]:
+    """The chain's newest ``EVENT_LIMIT`` events, newest first.
 
-
-# On PostgreSQL, ``EventFact``'s fields in its order: each row is one (``EventFact._make``).
-_EVENT_FACT_COLUMNS = tuple(
-    {
-        "event_id": "event_text",
-        "command_id": "command_text",
-        "occurrence_id": "occurrence_text",
-        "receipt_value": "receipt_text",
-    }.get(c, c)
-    for c in _EVENT_COLUMNS
-)
-
-
-def _chain_rows(
-    by_id: bool, tenant_ids: int, occurrence_ids: int, fingerprints: int, command_ids: int
-) -> QuerySet[AuditEvent, tuple[Any, ...]]:
-    return _event_rows(tenant_ids, _chain_q(by_id, occurrence_ids, fingerprints, command_ids))
-
-
-def _newest_rows(
-    limit: int,
-    by_id: bool,
-    tenant_ids: int,
-    occurrence_ids: int,
-    fingerprints: int,
-    command_ids: int,
-) -> QuerySet[AuditEvent, tuple[Any, ...]]:
-    """The chain's newest ``limit`` events, the chain sorted whole (SQLite; PostgreSQL
-    reads them by ``_newest_statement``)."""
-    return _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids).order_by(
-        _NEWEST_FIRST
-    )[:limit]
-
-
-def _newest_statement(
-    limit: int,
-    by_id: bool,
-    tenant_ids: int,
-    occurrence_ids: int,
-    fingerprints: int,
-    command_ids: int,
-) -> tuple[str, list[Any]]:
-    """The chain's newest ``limit`` events on PostgreSQL: each arm's newest ``limit`` first,
-    then the newest of those. An arm that an index holds in id order (for one tenant) is
-    read backwards along it, ``limit`` rows at most however long the chain, and any other
-    arm is found through its index and sorted (``_NEWEST_FIRST``), never by walking the
-    table's ids. The arms, each in id order, are merged and the first row of each id kept
+    Each arm's newest first, then the newest of those. An arm that an index holds in id
+    order (for one tenant) is read backwards along it, ``EVENT_LIMIT`` rows at most however
+    long the chain, and any other arm is found through its index and sorted by ``id + 0``
+    (an expression no index holds), never by walking the table's ids: PostgreSQL would walk
+    the primary key, or the tenant's (tenant, id) index, back from the newest event,
+    filtering, until it had found enough of the chain's (for an old chain, every event
+    written since). The arms, each in id order, are merged and the first row of each id kept
     (``DISTINCT ON``): a UNION would hash every row read whole to drop the arms' overlap."""
-    sqls: list[str] = []
-    params: list[Any] = []
-    for arm, ordered in _chain_arms(by_id, occurrence_ids, fingerprints, command_ids):
-        part = _event_rows(tenant_ids, arm).order_by(
-            "-id" if ordered and tenant_ids == 1 else _NEWEST_FIRST
-        )[:limit]
-        sql, part_params = part.query.sql_with_params()
-        sqls.append(f"({sql})")
-        params.extend(part_params)
-    # The first column is the event's id (_EVENT_COLUMNS); ``limit`` is an int.
-    chain = " UNION ALL ".join(sqls)
-    return (
-        f"SELECT DISTINCT ON (1) * FROM ({chain}) AS chain ORDER BY 1 DESC LIMIT {int(limit)}",  # noqa: S608
-        params,
-    )
-
-
-_SEEDS = {
-    by_id: Compiled[tuple[str, Any, Any]](
-        lambda tenant_ids, by_id=by_id: (
-            AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
-            .filter(_named(by_id))
-            .order_by()
-            .values_list("token_fingerprint", "occurrence_id", "command_id")
-            .distinct()[:SEED_LIMIT]
+    if not on_postgresql():
+        return reads_orm.newest(chain, EVENT_LIMIT)
+    tenants = _equals("e.tenant_id", len(chain.tenant_ids))
+    parts, params = [], []
+    for condition, values, ordered in _arms(chain):
+        order = "e.id" if ordered and len(chain.tenant_ids) == 1 else "e.id + 0"
+        parts.append(
+            f"""(SELECT {_EVENT_FACT_SQL} FROM approvals_auditevent e
+                  WHERE {tenants} AND {condition}
+                  ORDER BY {order} DESC LIMIT {EVENT_LIMIT})"""  # noqa: S608
         )
-    )
-    for by_id in (False, True)
-}
+        params += [_one_or_all(chain.tenant_ids), *values]
+    sql = f"""SELECT DISTINCT ON (1) * FROM ({" UNION ALL ".join(parts)}) AS chain
+               ORDER BY 1 DESC LIMIT {EVENT_LIMIT}"""  # noqa: S608
+    return fetch(sql, params)
 
 
-_SEED_APPROVALS = {
-    by_id: Compiled[tuple[Any, str]](
-        lambda tenant_ids, by_id=by_id: (
-            Approval.objects.filter(tenant_id__in=_tenants(tenant_ids))
-            .filter(
-                Q(fingerprint=Param("q", _TEXT))
-                | (Q(occurrence_id=Param("pk", _UUID)) if by_id else Q())
-            )
-            .order_by()
-            .values_list("occurrence_id", "fingerprint")[:SEED_LIMIT]
-        )
-    )
-    for by_id in (False, True)
-}
+def decisive(chain: Chain) -> list[tuple[Any, ...]]:
+    """The chain's oldest ``DECISIVE_LIMIT`` approved decisions and committed effects,
+    found by the audit_decisive_* indexes however many refusals surround them."""
+    if not on_postgresql():
+        return reads_orm.decisive(chain, DECISIVE_LIMIT)
+    where, params = _chain_where(chain)
+    sql = f"""SELECT {_EVENT_FACT_SQL} FROM approvals_auditevent e
+               WHERE {where} AND {_DECISIVE}
+               ORDER BY e.id + 0
+               LIMIT {DECISIVE_LIMIT}"""  # noqa: S608
+    return fetch(sql, params)
 
 
-_SEED_COMMANDS = Compiled[tuple[Any, Any]](
-    lambda tenant_ids: (
-        Command.objects.filter(tenant_id__in=_tenants(tenant_ids))
-        .filter(Q(pk=Param("pk", _UUID)) | Q(occurrence_id=Param("pk", _UUID)))
-        .order_by()
-        .values_list("pk", "occurrence_id")[:SEED_LIMIT]
-    )
-)
+def count(chain: Chain) -> int:
+    """How many events the chain holds."""
+    if not on_postgresql():
+        return reads_orm.count(chain)
+    where, params = _chain_where(chain)
+    sql = f"SELECT COUNT(*) FROM approvals_auditevent e WHERE {where}"  # noqa: S608
+    return int(fetch(sql, params)[0][0])
 
 
-_APPROVALS = Compiled[Approval](
-    lambda tenant_ids, occurrence_ids, fingerprints: (
-        Approval.objects.filter(tenant_id__in=_tenants(tenant_ids))
-        .filter(
-            _in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID)
-            | _in("fingerprint", "fingerprints", fingerprints, _TEXT)
-        )
-        .select_related("approver")
-        # What ``ApprovalFact`` holds: the token's hash and the approver's password hash
-        # stay in the database (fewer columns to compile, read and build).
-        .only(*_APPROVAL_FIELDS, f"approver__{User.USERNAME_FIELD}")
-        .order_by("issued_at", "pk")[:SEED_LIMIT]
-    )
-)
+_DELIVERY = Columns(AuditDuplicateDelivery, "d")
+_INGESTION = Columns(AuditIngestion, "g")
 
 
-_OCCURRENCES = Compiled[Occurrence](
-    lambda tenant_ids, occurrence_ids: (
-        Occurrence.objects.filter(tenant_id__in=_tenants(tenant_ids))
-        .filter(_in("pk", "occurrence_ids", occurrence_ids, _UUID))
-        .select_related("tool", "tenant")
-        # What the page shows of each: its tool's and tenant's names, its status and the
-        # amounts of its current action, read in the same statement.
-        .only("tenant_id", "tool_id", "status", "created_at", "tool__name", "tenant__name")
-        .annotate(
-            current_action=Subquery(
-                Proposal.objects.filter(occurrence=OuterRef("pk"), is_current=True).values(
-                    "canonical_action"
-                )[:1]
-            )
-        )
-        .order_by("created_at")
-    )
-)
-
-
-_COMMANDS = Compiled[Command](
-    lambda tenant_ids, occurrence_ids, command_ids: (
-        Command.objects.filter(tenant_id__in=_tenants(tenant_ids))
-        .filter(
-            _in("occurrence_id", "occurrence_ids", occurrence_ids, _UUID)
-            | _in("pk", "command_ids", command_ids, _UUID)
-        )
-        .order_by("created_at")[:SEED_LIMIT]
-    )
-)
-
-
-_INVOCATIONS = Compiled[AdapterInvocation](
-    lambda command_ids: (
-        AdapterInvocation.objects.filter(_in("command_id", "command_ids", command_ids, _UUID))
-        .select_related("epoch")
-        .order_by("command_id", "number")
-    )
-)
-
-
-_DECISIONS = Compiled[OperatorDecision](
-    lambda command_ids: OperatorDecision.objects.filter(
-        _in("command_id", "command_ids", command_ids, _UUID)
-    ).order_by("created_at", "pk")
-)
-
-
-_NEWEST = {
-    by_id: Compiled[tuple[Any, ...]](
-        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
-            _newest_rows(limit, by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
-        )
-    )
-    for by_id in (False, True)
-}
-
-
-_NEWEST_STATEMENT = {
-    by_id: CompiledStatement(
-        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
-            _newest_statement(limit, by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
-        )
-    )
-    for by_id in (False, True)
-}
-
-
-def _newest(by_id: bool, chain_values: dict[str, Any]) -> list[tuple[Any, ...]]:
-    if connection.vendor == "postgresql":
-        return _NEWEST_STATEMENT[by_id].rows(fixed={"limit": EVENT_LIMIT}, **chain_values)
-    return _NEWEST[by_id].run(fixed={"limit": EVENT_LIMIT}, **chain_values)
-
-
-_DECISIVE = {
-    by_id: Compiled[tuple[Any, ...]](
-        lambda limit, tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
-            _chain_rows(by_id, tenant_ids, occurrence_ids, fingerprints, command_ids)
-            .filter(_DECISIVE_EVENTS)
-            .order_by(_OLDEST_FIRST)[:limit]
-        )
-    )
-    for by_id in (False, True)
-}
-
-
-# How many events the chain holds, by tenant (one row per tenant, summed).
-_COUNT = {
-    by_id: Compiled[int](
-        lambda tenant_ids, occurrence_ids, fingerprints, command_ids, by_id=by_id: (
-            AuditEvent.objects.filter(tenant_id__in=_tenants(tenant_ids))
-            .filter(_chain_q(by_id, occurrence_ids, fingerprints, command_ids))
-            .order_by()
-            .values("tenant_id")
-            .annotate(n=models.Count("*"))
-            .values_list("n", flat=True)
-        )
-    )
-    for by_id in (False, True)
-}
-
-
-# The later deliveries of the events read, named by their ids in one parameter.
-_DELIVERIES = Compiled[AuditDuplicateDelivery](
-    lambda tenant_ids: (
-        AuditDuplicateDelivery.objects.filter(
-            tenant_id__in=_tenants(tenant_ids), original_id__in=ParamArray("read")
-        )
-        .select_related("ingestion")
-        .order_by("id")
-    )
-)
-
-
-# Bounds that keep one page's work bounded when an id names very many things.
-SEED_LIMIT = 200
-
-
-OCCURRENCE_LIMIT = 50
-
-
-EVENT_LIMIT = 500
-
-
-DECISIVE_LIMIT = 200
+def deliveries(*, tenant_ids: list[int], event_ids: list[int]) -> list[AuditDuplicateDelivery]:
+    """The later deliveries of the events read, each with its ingestion."""
+    if not on_postgresql():
+        return reads_orm.deliveries(tenant_ids=tenant_ids, event_ids=event_ids)
+    if not event_ids:
+        return []
+    sql = f"""SELECT {_DELIVERY.sql}, {_INGESTION.sql}
+                FROM approvals_auditduplicatedelivery d
+                JOIN approvals_auditingestion g ON g.id = d.ingestion_id
+               WHERE {_equals("d.tenant_id", len(tenant_ids))} AND d.original_id = ANY(%s)
+               ORDER BY d.id"""  # noqa: S608
+    found = []
+    for row in fetch(sql, [_one_or_all(tenant_ids), event_ids]):
+        delivery, delivery.ingestion = split(row, _DELIVERY, _INGESTION)
+        found.append(delivery)
+    return found

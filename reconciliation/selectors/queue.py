@@ -8,16 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import DateTimeField, QuerySet
+from django.db.models import QuerySet
 
-from approvals.compiled import (
-    Compiled,
-    CompiledStatement,
-    Param,
-    ParamArray,
-    ParamList,
-    literals,
-)
 from approvals.models import (
     Approval,
     Command,
@@ -26,6 +18,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.sql import Columns, fetch, on_postgresql, split, words
 from reconciliation.models import (
     Interruption,
 )
@@ -82,17 +75,10 @@ _SINCE = {
 def _queue_querysets(
     tenant_ids: list[int], now: datetime, tool_id: int | None
 ) -> dict[str, tuple[QuerySet[Any], str]]:
-    """Per reason: the rows, and the field that says since when they need a person (what
-    the compiled reads below run, with the values given: the tests' reference)."""
-    values = _queue_values(tenant_ids, now, tool_id)
-    return _reason_querysets(values["tenant_ids"], values["now"], values["stuck"], tool_id)
-
-
-def _reason_querysets(
-    tenant_ids: Any, now: Any, stuck: Any, tool_id: Any
-) -> dict[str, tuple[QuerySet[Any], str]]:
-    """``_queue_querysets`` with its values given, or with ``Param``s for them (the
-    compiled reads below)."""
+    """Per reason: the rows (the ORM twin of the statements below, which SQLite runs and
+    the tests hold them equal to), and the field that says since when they need a
+    person."""
+    stuck = _stuck(now)
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
     # Never claimed: a claim consumes the approval and creates its command in one
     # transaction, so an issued or expired approval has none, and the query need not
@@ -100,8 +86,7 @@ def _reason_querysets(
     # approval_unclaimed_expiry index, oldest first.
     approvals = Approval.objects.filter(
         tenant_id__in=tenant_ids,
-        # approval_unclaimed_expiry's condition, in the statement's text (compiled.Literal).
-        state__in=literals([Approval.State.ISSUED, Approval.State.EXPIRED]),
+        state__in=_UNCLAIMED,
         expires_at__lte=now,
         superseded_at__isnull=True,
     )
@@ -126,68 +111,72 @@ def _reason_querysets(
     return {reason: (queryset, _SINCE[reason]) for reason, queryset in querysets.items()}
 
 
-def _queue_params(tenant_ids: int, by_tool: bool) -> dict[str, tuple[QuerySet[Any], str]]:
-    """The queue's querysets with ``Param``s: ``tenant_ids``, ``now``, ``stuck`` (when a
-    command counts as stuck) and, ``by_tool``, ``tool``."""
-    return _reason_querysets(
-        ParamList("tenant_ids", tenant_ids, Tenant._meta.pk),
-        Param("now", _MOMENT),
-        Param("stuck", _MOMENT),
-        Param("tool", ToolContract._meta.pk) if by_tool else None,
-    )
+def _stuck(now: datetime) -> datetime:
+    """Commands unchanged since before this count as stuck."""
+    return now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
 
 
-def _queue_values(tenant_ids: list[int], now: datetime, tool_id: int | None) -> dict[str, Any]:
-    stuck = now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
-    return {"tenant_ids": tenant_ids, "now": now, "stuck": stuck, "tool": tool_id}
+_UNCLAIMED = (Approval.State.ISSUED, Approval.State.EXPIRED)
+
+# Per reason: the table its rows come from (with the alias its condition uses), the
+# condition (with %s for the tenants, then "now"/"stuck" as named in the values), the
+# values after the tenants, and the column that says since when. The console's own words
+# are in the text: a partial index (approval_unclaimed_expiry) serves a prepared
+# statement's generic plan only if the statement's text implies its condition.
+_REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    Reason.OUTCOME_UNKNOWN: (
+        "approvals_command x",
+        f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.OUTCOME_UNKNOWN}'",
+        (),
+        "x.updated_at",
+    ),
+    Reason.INTERRUPTED: (
+        "reconciliation_interruption x JOIN approvals_command c ON c.id = x.command_id",
+        "c.tenant_id = ANY(%s) AND x.resolved_at IS NULL",
+        (),
+        "x.created_at",
+    ),
+    Reason.STUCK_SENDING: (
+        "approvals_command x",
+        f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.SENDING}' AND x.updated_at < %s",
+        ("stuck",),
+        "x.updated_at",
+    ),
+    Reason.STUCK_PENDING: (
+        "approvals_command x",
+        f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.PENDING}'"
+        f" AND x.executed_by = '{Command.ExecutedBy.CONSOLE}' AND x.updated_at < %s",
+        ("stuck",),
+        "x.updated_at",
+    ),
+    Reason.EXPIRED_UNCLAIMED: (
+        "approvals_approval x",
+        f"x.tenant_id = ANY(%s) AND x.state IN ({words(_UNCLAIMED)})"
+        " AND x.expires_at <= %s AND x.superseded_at IS NULL",
+        ("now",),
+        "x.expires_at",
+    ),
+}
+# The occurrence a reason's row belongs to, for the tool filter and the items.
+_OCCURRENCE_OF = {
+    Reason.OUTCOME_UNKNOWN: "x.occurrence_id",
+    Reason.INTERRUPTED: "c.occurrence_id",
+    Reason.STUCK_SENDING: "x.occurrence_id",
+    Reason.STUCK_PENDING: "x.occurrence_id",
+    Reason.EXPIRED_UNCLAIMED: "x.occurrence_id",
+}
 
 
-def _counts_statement(tenant_ids: int, by_tool: bool) -> tuple[str, list[Any]]:
-    columns: list[str] = []
-    params: list[Any] = []
-    querysets = _queue_params(tenant_ids, by_tool)
-    for reason in _REASONS:
-        queryset, _ = querysets[reason]
-        sql, reason_params = queryset.order_by().values("pk").query.sql_with_params()
-        # ``reason`` is one of Reason's constants, never input.
-        columns.append(f"(SELECT COUNT(*) FROM ({sql}) AS {reason}_items) AS {reason}")  # noqa: S608
-        params.extend(reason_params)
-    return f"SELECT {', '.join(columns)}", params
-
-
-_QUEUE_COUNTS = CompiledStatement(_counts_statement)
-
-
-def queue_counts(
-    *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
-) -> dict[str, int]:
-    """How many items of each reason, in one statement: each reason's count is a scalar
-    subquery of its own, planned on its own index as a separate ``count()`` would be, but
-    the page pays one round trip and one statement's overhead instead of five."""
-    [row] = _QUEUE_COUNTS.rows(
-        {"by_tool": tool_id is not None}, **_queue_values(tenant_ids, now, tool_id)
-    )
-    return {reason: int(n) for reason, n in zip(_REASONS, row, strict=True)}
-
-
-def _items_of(name: str, tenant_ids: int, by_tool: bool, limit: int) -> QuerySet[Any]:
-    queryset, since_field = _queue_params(tenant_ids, by_tool)[name]
-    if name == Reason.INTERRUPTED:
-        queryset = queryset.select_related(
-            "command__occurrence__tool", "command__occurrence__tenant"
-        ).defer(*(f"command__occurrence__tool__{f}" for f in _TOOL_UNSHOWN))
-    else:
-        queryset = queryset.select_related("occurrence__tool", "occurrence__tenant").defer(
-            *(f"occurrence__tool__{f}" for f in _TOOL_UNSHOWN)
-        )
-    return queryset.order_by(since_field)[:limit]
-
-
-_MOMENT: DateTimeField[Any, Any] = DateTimeField()
-
-
-# A queue row shows a tool's name, never its schema or description.
-_TOOL_UNSHOWN = ("json_schema", "description")
+def _reason_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, str, list[Any]]:
+    """A reason's FROM and WHERE clauses (the tool's filter joins the occurrence), and
+    their values."""
+    table, condition, named, _ = _REASON_SQL[name]
+    params: list[Any] = [values["tenant_ids"], *(values[n] for n in named)]
+    if by_tool:
+        table += f" JOIN approvals_occurrence ot ON ot.id = {_OCCURRENCE_OF[name]}"
+        condition += " AND ot.tool_id = %s"
+        params.append(values["tool"])
+    return table, condition, params
 
 
 # The order of the counts' columns and of the items' reads.
@@ -200,22 +189,101 @@ _REASONS = (
 )
 
 
-_QUEUE_ITEMS = {
-    (name, by_tool): Compiled[Any](
-        lambda tenant_ids, limit, name=name, by_tool=by_tool: _items_of(
-            name, tenant_ids, by_tool, limit
-        )
-    )
-    for name in _REASONS
-    for by_tool in (False, True)
+def queue_counts(
+    *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
+) -> dict[str, int]:
+    """How many items of each reason, in one statement: each reason's count is a scalar
+    subquery of its own, planned on its own index as a separate ``count()`` would be, but
+    the page pays one round trip and one statement's overhead instead of five."""
+    if not on_postgresql():
+        return {
+            reason: queryset.count()
+            for reason, (queryset, _) in _queue_querysets(tenant_ids, now, tool_id).items()
+        }
+    values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
+    columns, params = [], []
+    for name in _REASONS:
+        table, condition, reason_params = _reason_sql(name, tool_id is not None, values)
+        columns.append(f"(SELECT COUNT(*) FROM {table} WHERE {condition})")  # noqa: S608
+        params += reason_params
+    [row] = fetch(f"SELECT {', '.join(columns)}", params)
+    return {reason: int(n) for reason, n in zip(_REASONS, row, strict=True)}
+
+
+# A queue row shows a tool's name, never its schema or description.
+_TOOL_UNSHOWN = ("json_schema", "description")
+_ROW = {
+    Reason.OUTCOME_UNKNOWN: Columns(Command, "x"),
+    Reason.INTERRUPTED: Columns(Interruption, "x"),
+    Reason.STUCK_SENDING: Columns(Command, "x"),
+    Reason.STUCK_PENDING: Columns(Command, "x"),
+    Reason.EXPIRED_UNCLAIMED: Columns(Approval, "x"),
 }
+_COMMAND = Columns(Command, "c")
+_OCCURRENCE = Columns(Occurrence, "o")
+_TOOL = Columns(ToolContract, "t", defer=_TOOL_UNSHOWN)
+_TENANT = Columns(Tenant, "n")
 
 
-_CURRENT_PROPOSALS = Compiled[Proposal](
-    lambda: Proposal.objects.filter(
-        occurrence_id__in=ParamArray("occurrences", Occurrence._meta.pk), is_current=True
-    )
-)
+def _items_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """A reason's oldest rows (``LIMIT %s``), each with its occurrence, tool and tenant
+    (and, for an interruption, its command)."""
+    table, condition, params = _reason_sql(name, by_tool, values)
+    command = f", {_COMMAND.sql}" if name == Reason.INTERRUPTED else ""
+    since = _REASON_SQL[name][3]
+    sql = f"""SELECT {_ROW[name].sql}{command}, {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql}
+                FROM {table}
+                JOIN approvals_occurrence o ON o.id = {_OCCURRENCE_OF[name]}
+                JOIN approvals_toolcontract t ON t.id = o.tool_id
+                JOIN approvals_tenant n ON n.id = o.tenant_id
+               WHERE {condition}
+               ORDER BY {since}
+               LIMIT %s"""  # noqa: S608 (no input in the text)
+    return sql, params
+
+
+def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
+    """A reason's oldest rows: a command, an interruption or an approval, each with its
+    occurrence (whose tool and tenant are set)."""
+    if not on_postgresql():
+        queryset, since_field = _queue_querysets(
+            values["tenant_ids"], values["now"], values["tool"]
+        )[name]
+        if name == Reason.INTERRUPTED:
+            queryset = queryset.select_related(
+                "command__occurrence__tool", "command__occurrence__tenant"
+            ).defer(*(f"command__occurrence__tool__{f}" for f in _TOOL_UNSHOWN))
+        else:
+            queryset = queryset.select_related("occurrence__tool", "occurrence__tenant").defer(
+                *(f"occurrence__tool__{f}" for f in _TOOL_UNSHOWN)
+            )
+        return list(queryset.order_by(since_field)[:limit])
+    sql, params = _items_sql(name, values["tool"] is not None, values)
+    rows = []
+    for row in fetch(sql, [*params, limit]):
+        if name == Reason.INTERRUPTED:
+            item, command, occurrence, tool, tenant = split(
+                row, _ROW[name], _COMMAND, _OCCURRENCE, _TOOL, _TENANT
+            )
+            item.command, command.occurrence = command, occurrence
+        else:
+            item, occurrence, tool, tenant = split(row, _ROW[name], _OCCURRENCE, _TOOL, _TENANT)
+            item.occurrence = occurrence
+        occurrence.tool, occurrence.tenant = tool, tenant
+        rows.append(item)
+    return rows
+
+
+_CURRENT_PROPOSAL = Columns(Proposal, "p")
+_CURRENT_PROPOSALS = f"""
+SELECT {_CURRENT_PROPOSAL.sql} FROM approvals_proposal p
+ WHERE p.occurrence_id = ANY(%s) AND p.is_current"""  # noqa: S608
+
+
+def _current_proposals(occurrence_ids: list[Any]) -> list[Proposal]:
+    if on_postgresql():
+        return [_CURRENT_PROPOSAL.load(row) for row in fetch(_CURRENT_PROPOSALS, [occurrence_ids])]
+    return list(Proposal.objects.filter(occurrence_id__in=occurrence_ids, is_current=True))
 
 
 def queue_items(
@@ -232,13 +300,12 @@ def queue_items(
     people). Given the ``queue_counts`` just read, a reason with nothing in it is not asked
     again."""
     limit = QUEUE_LIMIT if limit is None else limit
-    values = _queue_values(tenant_ids, now, tool_id)
-    by_tool = tool_id is not None
+    values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
     items: list[QueueItem] = []
     for name in _REASONS:
         if (reason and name != reason) or (counts is not None and not counts.get(name)):
             continue
-        rows = _QUEUE_ITEMS[name, by_tool].run({"limit": limit}, **values)
+        rows = _items_of(name, values, limit)
         if name == Reason.INTERRUPTED:
             items += [
                 QueueItem(
@@ -259,7 +326,7 @@ def queue_items(
     items = items[:limit]
     current: dict[Any, list[Proposal]] = {item.occurrence.pk: [] for item in items}
     if current:
-        for proposal in _CURRENT_PROPOSALS.run(occurrences=list(current)):
+        for proposal in _current_proposals(list(current)):
             current[proposal.occurrence_id].append(proposal)
     for item in items:
         item.occurrence.current_proposals = current[item.occurrence.pk]  # type: ignore[attr-defined]

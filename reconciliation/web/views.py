@@ -103,7 +103,7 @@ def _timeline_context(
         "timeline_caption": presenters.timeline_caption(timeline),
         "timeline_links": presenters.timeline_links(timeline),
         "money": presenters.money_lines(
-            next((p.arguments for p in timeline.occurrence.proposals.all() if p.is_current), {})
+            next((p.arguments for p in timeline.proposals if p.is_current), {})
         ),
     }
 

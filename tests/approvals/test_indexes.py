@@ -4,6 +4,7 @@ index if, and only if, the query's conditions imply the index's."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -59,7 +60,11 @@ def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
         counts = queue_counts(tenant_ids=[runtime.key.tenant_id], now=now)
         items = queue_items(tenant_ids=[runtime.key.tenant_id], now=now, counts=counts)
     assert counts[Reason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
-    reads = [q["sql"] for q in queries.captured_queries if 'FROM "approvals_approval"' in q["sql"]]
+    reads = [
+        q["sql"]
+        for q in queries.captured_queries
+        if re.search(r'FROM "?approvals_approval"?', q["sql"])
+    ]
     assert len(reads) == 2  # the count and the rows
     for sql in reads:
         assert "approval_unclaimed_expiry" in plan_of(sql), sql
@@ -96,9 +101,10 @@ def test_an_investigations_events_are_not_found_by_walking_the_table(
     ordered = [
         q["sql"]
         for q in queries.captured_queries
-        if 'FROM "approvals_auditevent"' in q["sql"]
+        if re.search(r'FROM "?approvals_auditevent"?', q["sql"])
         and " LIMIT " in q["sql"]
-        and not q["sql"].startswith('SELECT DISTINCT "')  # the seeds' read
+        # not the seeds' read (the newest's is SELECT DISTINCT ON)
+        and not re.match(r"\s*SELECT DISTINCT (?!ON)", q["sql"])
     ]
     assert len(ordered) == 2  # the newest, the decisive
     [tenant_id_index] = [

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from approvals.models import Occurrence, Tenant
+from approvals.models import AuditEvent, Occurrence, Tenant
 from approvals.web.selectors import review as review_reads
 from approvals.web.selectors.review import Reviewed, review_get
 from tests.conftest import Runtime, make_runtime
@@ -88,3 +88,111 @@ def test_a_tenant_without_reviewers_reads_none_as_its_twin_does(runtime: Runtime
     assert read is not None and twin is not None
     assert read.freshness.reviewers == twin.freshness.reviewers == (None, None)
     assert _reviewed(read) == _reviewed(twin)
+
+
+def test_the_history_windows_answer_as_their_orm_twins(
+    runtime: Runtime, reviewer: Any, approved: str
+) -> None:
+    from approvals.web.selectors import history
+
+    occurrence_id = uuid.UUID(approved)
+    ids = list(
+        AuditEvent.objects.filter(occurrence_id=occurrence_id)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    assert len(ids) >= 3
+    for name, event_id in [
+        ("newest", None),
+        ("before", ids[-1]),
+        ("before", ids[1]),
+        ("after", 0),
+        ("after", ids[0]),
+        ("after", ids[-1]),
+    ]:
+        for size in (1, 2, 50):
+            read = history._window(occurrence_id, name, event_id, size)
+            twin = list(history._window_queryset(occurrence_id, name, event_id)[:size])
+            assert [_row(e) for e in read] == [_row(e) for e in twin], (name, event_id, size)
+    for event_id in ids:
+        expected = AuditEvent.objects.filter(occurrence_id=occurrence_id, id__lt=event_id)
+        assert history._earlier(occurrence_id, event_id) == expected.count()
+    occurrence = Occurrence.objects.get(pk=occurrence_id)
+    assert history.rejected_by(occurrence) == ""
+    rejected = uuid.UUID(runtime.propose(run_id="run-r").json()["occurrence_id"])
+    assert runtime.get(f"/api/v1/occurrences/{rejected}").status_code == 200
+    from approvals.reviews.decisions import occurrence_reject
+
+    occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=rejected), reviewer=reviewer, reason="no"
+    )
+    assert history.rejected_by(Occurrence.objects.get(pk=rejected)) == reviewer.username
+
+
+def test_the_inbox_reads_answer_as_their_orm_twins(
+    runtime: Runtime, reviewer: Any, approved: str, other_tenant: Tenant
+) -> None:
+    from approvals.models import ToolContract
+    from approvals.reviews.selectors import inbox_tools, tool_ids
+    from approvals.sql import on_postgresql
+    from approvals.web.selectors import inbox
+    from approvals.web.selectors.inbox import InboxQuery
+
+    for n in range(4):
+        runtime.propose(run_id=f"run-{n}")
+    make_runtime(other_tenant, "theirs").propose()
+    mine = runtime.key.tenant_id
+    refund = ToolContract.objects.get(name="issue_refund").pk
+    queries = [
+        InboxQuery([mine]),
+        InboxQuery([mine, other_tenant.pk]),
+        InboxQuery([mine], tool_id=refund),
+        InboxQuery([mine], status=Occurrence.Status.PENDING_REVIEW),
+        InboxQuery([mine], tool_id=refund, status=Occurrence.Status.APPROVED),
+        InboxQuery([]),
+    ]
+
+    def twin(read: Any) -> Any:
+        """``read`` run as SQLite runs it: the ORM twins."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(inbox, "on_postgresql", lambda: False)
+            return read()
+
+    assert on_postgresql()
+    for query in queries:
+        assert inbox.inbox_total(query) == twin(lambda q=query: inbox.inbox_total(q))
+        for offset, limit in ((0, 2), (2, 2), (0, 25), (10, 5)):
+            assert inbox.inbox_last_event(query, offset=offset, limit=limit) == twin(
+                lambda q=query, o=offset, n=limit: inbox.inbox_last_event(q, offset=o, limit=n)
+            )
+            read = inbox._page_rows(query, offset, limit)
+            orm = twin(lambda q=query, o=offset, n=limit: inbox._page_rows(q, o, n))
+            assert [_row(o) for o in read[0]] == [_row(o) for o in orm[0]]
+            key = lambda p: p.pk  # noqa: E731
+            assert [
+                (_row(p), getattr(p, "votes_count", None)) for p in sorted(read[1], key=key)
+            ] == [(_row(p), getattr(p, "votes_count", None)) for p in sorted(orm[1], key=key)]
+            assert sorted(_row(a).items() for a in read[2]) == sorted(
+                _row(a).items() for a in orm[2]
+            )
+    contracts = inbox_tools()
+    assert [_row(t) for t in contracts.values()] == [
+        _row(t) for t in ToolContract.objects.defer("json_schema", "description").order_by("name")
+    ]
+    assert tool_ids() == dict(ToolContract.objects.order_by("name").values_list("name", "id"))
+
+
+def test_a_users_memberships_are_read_as_their_orm_twin(
+    tenant: Tenant, other_tenant: Tenant, reviewer: Any
+) -> None:
+    from approvals.models import Membership
+    from approvals.web.selectors import access
+
+    Membership.objects.create(user=reviewer, tenant=other_tenant, role=Membership.Role.ADMIN)
+    Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.OPERATOR)
+    read = access.console_memberships(reviewer)
+    twin = list(access._memberships_queryset(reviewer.pk))
+    assert [(_row(m), _row(m.tenant)) for m in read] == [(_row(m), _row(m.tenant)) for m in twin]
+    assert len(read) == 3
+    assert access.tenant_reviewer_names(tenant.pk) == [reviewer.username]
+    assert access.tenant_members(tenant.pk) == [(reviewer.username, reviewer.email)]

@@ -254,7 +254,7 @@ def test_review_page_reads_the_runtime_key_with_the_occurrence(
     assert runtime.key.name in response.content.decode()
     key_table = RuntimeKey._meta.db_table
     alone = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
-    assert not [sql for sql in alone if f'FROM "{key_table}"' in sql]
+    assert not [sql for sql in alone if re.search(rf'FROM "?{key_table}"?', sql)]
 
 
 def test_tool_filter_counts_on_the_tool_id_without_a_join(runtime: Runtime, reviewer: Any) -> None:
@@ -269,7 +269,7 @@ def test_tool_filter_counts_on_the_tool_id_without_a_join(runtime: Runtime, revi
     counts = [
         q["sql"]
         for q in captured.captured_queries
-        if "COUNT(" in q["sql"] and f'FROM "{table}"' in q["sql"]
+        if "COUNT(" in q["sql"] and re.search(rf'FROM "?{table}"?', q["sql"])
     ]
     assert counts and all("tool_id" in sql for sql in counts)
     assert not [sql for sql in counts if "JOIN" in sql]

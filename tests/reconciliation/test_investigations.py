@@ -1158,3 +1158,87 @@ def test_a_counts_tooltip_names_the_first_twenty(
     [title] = re.findall(r'<li title="([^"]*)"><strong>27</strong> executions</li>', page)
     assert title.count(", ") == 20
     assert title.endswith(", and 7 more")
+
+
+def test_the_investigations_sql_reads_answer_as_their_orm_twins(
+    runtime: Runtime, reviewer: Any, approved: str, token: str
+) -> None:
+    """On PostgreSQL an investigation reads through plain SQL; SQLite runs the ORM twins
+    (``reads_orm``). For chains named every way (a fingerprint, an execution, an
+    occurrence id, a command id), both read the same rows in the same order."""
+    from django.db import connection
+
+    from reconciliation.investigations import reads, reads_orm
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the SQL reads run on PostgreSQL only")
+    assert runtime.claim(token, "exec-1").status_code == 200
+    assert runtime.claim(token, "exec-2").status_code == 403  # a replay
+    command = Command.objects.get(occurrence_id=approved)
+    fingerprint = Approval.objects.get(occurrence_id=approved).fingerprint
+    mine = [runtime.key.tenant_id]
+    occurrences, fingerprints, commands = [uuid.UUID(approved)], [fingerprint], [command.pk]
+
+    def row(instance: Any) -> tuple[Any, ...]:
+        fields = type(instance)._meta.concrete_fields
+        return tuple(getattr(instance, f.attname, None) for f in fields)
+
+    def approvals(found: list[Any]) -> list[Any]:
+        return [(*row(a), a.approver.username) for a in found]
+
+    def shown(found: list[Any]) -> list[Any]:
+        return [(row(o), o.tool.name, o.tenant.name, o.current_action) for o in found]
+
+    for q, pk in [
+        (fingerprint, None),
+        ("exec-1", None),
+        ("exec-2", None),
+        (approved, uuid.UUID(approved)),
+        (str(command.pk), command.pk),
+    ]:
+        for tenants in (mine, [*mine, 999999]):
+            assert sorted(map(str, reads.seeds(q=q, pk=pk, tenant_ids=tenants))) == sorted(
+                map(str, reads_orm.seeds(q=q, pk=pk, tenant_ids=tenants, limit=200))
+            )
+            assert sorted(map(str, reads.seed_approvals(q=q, pk=pk, tenant_ids=tenants))) == sorted(
+                map(str, reads_orm.seed_approvals(q=q, pk=pk, tenant_ids=tenants, limit=200))
+            )
+            chain = reads_orm.Chain(q, pk, tenants, occurrences, fingerprints, commands)
+            assert reads.newest(chain) == reads_orm.newest(chain, reads.EVENT_LIMIT)
+            assert reads.decisive(chain) == reads_orm.decisive(chain, reads.DECISIVE_LIMIT)
+            assert reads.count(chain) == reads_orm.count(chain) > 0
+            assert approvals(
+                reads.approvals(
+                    tenant_ids=tenants, occurrence_ids=occurrences, fingerprints=fingerprints
+                )
+            ) == approvals(
+                reads_orm.approvals(
+                    tenant_ids=tenants,
+                    occurrence_ids=occurrences,
+                    fingerprints=fingerprints,
+                    limit=200,
+                )
+            )
+            assert shown(
+                reads.occurrences(tenant_ids=tenants, occurrence_ids=occurrences)
+            ) == shown(reads_orm.occurrences(tenant_ids=tenants, occurrence_ids=occurrences))
+            assert [
+                row(c)
+                for c in reads.commands(
+                    tenant_ids=tenants, occurrence_ids=occurrences, command_ids=commands
+                )
+            ] == [
+                row(c)
+                for c in reads_orm.commands(
+                    tenant_ids=tenants, occurrence_ids=occurrences, command_ids=commands, limit=200
+                )
+            ]
+    assert reads.seed_commands(pk=command.pk, tenant_ids=mine) == reads_orm.seed_commands(
+        pk=command.pk, tenant_ids=mine, limit=200
+    )
+    assert [row(i) for i in reads.invocations(command_ids=commands)] == [
+        row(i) for i in reads_orm.invocations(command_ids=commands)
+    ]
+    assert [row(d) for d in reads.decisions(command_ids=commands)] == [
+        row(d) for d in reads_orm.decisions(command_ids=commands)
+    ]

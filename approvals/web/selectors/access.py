@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals.compiled import Compiled, Param
+from django.db.models import QuerySet
+
 from approvals.models import (
     Membership,
     Tenant,
 )
+from approvals.sql import Columns, fetch, on_postgresql, split
 
 # Roles that may open the console: reviewers decide, admins revoke.
 CONSOLE_ROLES = (Membership.Role.REVIEWER, Membership.Role.ADMIN)
@@ -50,49 +52,72 @@ def console_access(user: Any) -> ConsoleAccess:
     return ConsoleAccess(console_memberships(user))
 
 
-_MEMBERSHIPS = Compiled[Membership](
-    lambda: (
-        Membership.objects.filter(user_id=Param("user", Membership._meta.get_field("user")))
+_MEMBERSHIP = Columns(Membership, "m")
+_TENANT = Columns(Tenant, "t")
+
+_MEMBERSHIPS_SQL = f"""
+SELECT {_MEMBERSHIP.sql}, {_TENANT.sql}
+  FROM approvals_membership m
+  JOIN approvals_tenant t ON t.id = m.tenant_id
+ WHERE m.user_id = %s
+ ORDER BY t.name, t.slug, m.role"""  # noqa: S608 (no input in the text)
+
+
+def _memberships_queryset(user_id: int) -> QuerySet[Membership]:
+    """The ORM twin of ``_MEMBERSHIPS_SQL``."""
+    return (
+        Membership.objects.filter(user_id=user_id)
         .select_related("tenant")
         .order_by("tenant__name", "tenant__slug", "role")
     )
-)
 
 
 def console_memberships(user: Any) -> list[Membership]:
     """The user's memberships with their tenants, in one query (read on every page)."""
     if not user.is_authenticated:
         return []
-    return _MEMBERSHIPS.run(user=user.pk)
+    if not on_postgresql():
+        return list(_memberships_queryset(user.pk))
+    memberships = []
+    for row in fetch(_MEMBERSHIPS_SQL, [user.pk]):
+        membership, membership.tenant = split(row, _MEMBERSHIP, _TENANT)
+        memberships.append(membership)
+    return memberships
 
 
-_TENANT_PK = Tenant._meta.pk
+_REVIEWER_NAMES_SQL = """
+SELECT u.username
+  FROM approvals_membership m
+  JOIN auth_user u ON u.id = m.user_id
+ WHERE m.tenant_id = %s AND m.role = %s
+ ORDER BY u.username"""
 
-
-_REVIEWER_NAMES = Compiled[str](
-    lambda: (
-        Membership.objects.filter(
-            tenant_id=Param("tenant", _TENANT_PK), role=Membership.Role.REVIEWER
-        )
-        .order_by("user__username")
-        .values_list("user__username", flat=True)
-    )
-)
-
-
-_MEMBERS = Compiled[tuple[str, str]](
-    lambda: (
-        Membership.objects.filter(tenant_id=Param("tenant", _TENANT_PK))
-        .values_list("user__username", "user__email")
-        .distinct()
-    )
-)
+_MEMBERS_SQL = """
+SELECT DISTINCT u.username, u.email
+  FROM approvals_membership m
+  JOIN auth_user u ON u.id = m.user_id
+ WHERE m.tenant_id = %s"""
 
 
 def tenant_reviewer_names(tenant_id: int) -> list[str]:
-    return _REVIEWER_NAMES.run(tenant=tenant_id)
+    if on_postgresql():
+        return [name for (name,) in fetch(_REVIEWER_NAMES_SQL, [tenant_id, _REVIEWER])]
+    return list(
+        Membership.objects.filter(tenant_id=tenant_id, role=_REVIEWER)
+        .order_by("user__username")
+        .values_list("user__username", flat=True)
+    )
 
 
 def tenant_members(tenant_id: int) -> list[tuple[str, str]]:
     """The (username, email) of everyone with a role in the tenant."""
-    return _MEMBERS.run(tenant=tenant_id)
+    if on_postgresql():
+        return [(name, email) for name, email in fetch(_MEMBERS_SQL, [tenant_id])]
+    return list(
+        Membership.objects.filter(tenant_id=tenant_id)
+        .values_list("user__username", "user__email")
+        .distinct()
+    )
+
+
+_REVIEWER = Membership.Role.REVIEWER.value

@@ -19,11 +19,11 @@ from django.db.models import (
 )
 
 from approvals import vocabulary
-from approvals.compiled import Compiled, Param
 from approvals.models import (
     AuditEvent,
     Occurrence,
 )
+from approvals.sql import Columns, fetch, on_postgresql
 from approvals.vocabulary import AuditKind, ClaimDecision
 
 # A page shows the newest events; an occurrence whose token a runtime keeps replaying can
@@ -101,77 +101,101 @@ def occurrence_history(
     oldest windows know without asking). ``total`` is the number of events counted with
     the occurrence (``review_get``). Windows do not overlap: the one before the
     oldest full window holds what is left, however few."""
-    limit = {"limit": size}
     if cursor.before is None and cursor.after is None:
-        newest = _HISTORY_NEWEST.run(limit, occurrence=occurrence.pk)
+        newest = _window(occurrence.pk, "newest", None, size)
         newest.reverse()
         total = max(total, len(newest))
         return HistoryWindow(newest, total, total - len(newest))
     if cursor.before is not None:
-        window = _HISTORY_BEFORE.run(limit, occurrence=occurrence.pk, id=cursor.before)
+        window = _window(occurrence.pk, "before", cursor.before, size)
         window.reverse()
     else:
-        window = _HISTORY_AFTER.run(limit, occurrence=occurrence.pk, id=cursor.after)
+        window = _window(occurrence.pk, "after", cursor.after, size)
     if cursor.after == 0 or (cursor.before is not None and len(window) < size):
         earlier = 0  # the window starts at the first event
     elif window:
-        earlier = sum(_HISTORY_EARLIER.run(occurrence=occurrence.pk, id=window[0].pk))
+        earlier = _earlier(occurrence.pk, window[0].pk)
     else:
         earlier = total  # nothing after the cursor: every event is earlier
     return HistoryWindow(window, max(total, earlier + len(window)), earlier, cursor)
 
 
-# A history's windows, compiled once per process (approvals.compiled).
-_OCCURRENCE_PK = Occurrence._meta.pk
-_EVENT_PK = AuditEvent._meta.pk
+_EVENT = Columns(AuditEvent, "e")
+
+# A window of the history: (the condition on the event id, the order), by cursor. The
+# windows read the (occurrence, id) index, newest first or oldest first.
+_WINDOWS = {
+    "newest": ("", "DESC"),
+    "before": ("AND e.id < %s", "DESC"),
+    "after": ("AND e.id > %s", "ASC"),
+}
+_WINDOW_SQL = {
+    name: f"""
+SELECT {_EVENT.sql}
+  FROM approvals_auditevent e
+ WHERE e.occurrence_id = %s {condition}
+ ORDER BY e.id {order}
+ LIMIT %s"""  # noqa: S608 (no input in the text)
+    for name, (condition, order) in _WINDOWS.items()
+}
 
 
-def _events_of() -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.filter(occurrence_id=Param("occurrence", _OCCURRENCE_PK))
+def _window(
+    occurrence_id: uuid.UUID, name: str, event_id: int | None, size: int
+) -> list[AuditEvent]:
+    """A window's events in the order it reads them (the newest first for "newest" and
+    "before")."""
+    if on_postgresql():
+        params = [occurrence_id, size] if event_id is None else [occurrence_id, event_id, size]
+        return [_EVENT.load(row) for row in fetch(_WINDOW_SQL[name], params)]
+    return list(_window_queryset(occurrence_id, name, event_id)[:size])
 
 
-_HISTORY_NEWEST = Compiled[AuditEvent](lambda limit: _events_of().order_by("-id")[:limit])
+def _window_queryset(
+    occurrence_id: uuid.UUID, name: str, event_id: int | None
+) -> QuerySet[AuditEvent]:
+    """The ORM twin of a window's statement (without its limit)."""
+    events = AuditEvent.objects.filter(occurrence_id=occurrence_id)
+    if name == "before":
+        return events.filter(id__lt=event_id).order_by("-id")
+    if name == "after":
+        return events.filter(id__gt=event_id).order_by("id")
+    return events.order_by("-id")
 
 
-_HISTORY_BEFORE = Compiled[AuditEvent](
-    lambda limit: _events_of().filter(id__lt=Param("id", _EVENT_PK)).order_by("-id")[:limit]
-)
+_EARLIER_SQL = """
+SELECT COUNT(*) FROM approvals_auditevent e WHERE e.occurrence_id = %s AND e.id < %s"""
 
 
-_HISTORY_AFTER = Compiled[AuditEvent](
-    lambda limit: _events_of().filter(id__gt=Param("id", _EVENT_PK)).order_by("id")[:limit]
-)
+def _earlier(occurrence_id: uuid.UUID, event_id: int) -> int:
+    """How many of the occurrence's events precede ``event_id``."""
+    if on_postgresql():
+        return int(fetch(_EARLIER_SQL, [occurrence_id, event_id])[0][0])
+    return AuditEvent.objects.filter(occurrence_id=occurrence_id, id__lt=event_id).count()
 
 
-# How many events precede one: a row with the count (none when none do).
-_HISTORY_EARLIER = Compiled[int](
-    lambda: (
-        _events_of()
-        .filter(id__lt=Param("id", _EVENT_PK))
-        .order_by()
-        .values("occurrence_id")
-        .annotate(n=Count("id"))
-        .values_list("n", flat=True)
-    )
-)
+_REJECTED_BY_SQL = """
+SELECT e.actor FROM approvals_auditevent e
+ WHERE e.occurrence_id = %s AND e.kind = %s
+ ORDER BY e.id DESC
+ LIMIT 1"""
 
 
 def rejected_by(occurrence: Occurrence) -> str:
     """Who rejected the occurrence, from its last rejection event."""
-    actors = _REJECTED_BY.run(occurrence=occurrence.pk)
-    return actors[0] if actors and actors[0] else ""
-
-
-_REJECTED_BY = Compiled[str](
-    lambda: (
-        AuditEvent.objects.filter(
-            occurrence_id=Param("occurrence", Occurrence._meta.pk),
-            kind=AuditKind.OCCURRENCE_REJECTED,
+    if on_postgresql():
+        rows = fetch(_REJECTED_BY_SQL, [occurrence.pk, AuditKind.OCCURRENCE_REJECTED.value])
+        actor = rows[0][0] if rows else ""
+    else:
+        actor = (
+            AuditEvent.objects.filter(
+                occurrence_id=occurrence.pk, kind=AuditKind.OCCURRENCE_REJECTED
+            )
+            .order_by("-id")
+            .values_list("actor", flat=True)
+            .first()
         )
-        .order_by("-id")
-        .values_list("actor", flat=True)[:1]
-    )
-)
+    return actor or ""
 
 
 # How many executions the evidence line names; it counts the others.

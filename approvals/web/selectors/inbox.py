@@ -12,10 +12,8 @@ from django.db.models import (
     Count,
     Max,
     QuerySet,
-    Value,
 )
 
-from approvals.compiled import Compiled, Param, ParamArray, ParamList
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -24,7 +22,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.web.selectors.access import _TENANT_PK
+from approvals.sql import Columns, fetch, on_postgresql, split
 
 
 @dataclass(frozen=True)
@@ -49,102 +47,80 @@ class InboxQuery:
     tool_id: int | None = None
     status: str = ""
 
-    def values(self) -> dict[str, Any]:
-        """The compiled reads' values."""
-        return {"tenant_ids": self.tenant_ids, "tool": self.tool_id, "status": self.status}
 
-    def shape(self, **fixed: Any) -> dict[str, Any]:
-        return {"by_tool": self.tool_id is not None, "by_status": bool(self.status), **fixed}
-
-
-def _inbox_filtered(tenant_ids: int, by_tool: bool, by_status: bool) -> QuerySet[Occurrence]:
-    """The occurrences an inbox lists, newest first, with ``Param``s for the compiled reads
-    below. The tool is filtered by id, so that the count runs on the (tenant, tool, status,
-    created_at) index without a join."""
-    # No tenant: nothing to list, and no query (as Django answers ``__in=[]``).
-    queryset = Occurrence.objects.filter(
-        tenant_id__in=ParamList("tenant_ids", tenant_ids, _TENANT_PK) if tenant_ids else []
-    )
-    if by_tool:
-        queryset = queryset.filter(tool_id=Param("tool", ToolContract._meta.pk))
-    if by_status:
-        queryset = queryset.filter(status=Param("status", Occurrence._meta.get_field("status")))
+def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
+    """The ORM twin of the occurrences an inbox lists, newest first."""
+    queryset = Occurrence.objects.filter(tenant_id__in=query.tenant_ids)
+    if query.tool_id is not None:
+        queryset = queryset.filter(tool_id=query.tool_id)
+    if query.status:
+        queryset = queryset.filter(status=query.status)
     return queryset.order_by("-created_at", "-pk")
 
 
-def _page_ids(
-    tenant_ids: int, by_tool: bool, by_status: bool, offset: int, limit: int
-) -> QuerySet[Occurrence, Any]:
-    """The ids of one page, from the (tenant, status, created_at, id) index alone."""
-    return _inbox_filtered(tenant_ids, by_tool, by_status).values("pk")[offset : offset + limit]
+def _where(query: InboxQuery) -> tuple[str, list[Any]]:
+    """The condition an inbox's occurrences ``o`` meet, and its values. The tool is
+    matched by id, so that the count runs on the (tenant, tool, status, created_at) index
+    without a join."""
+    sql = "o.tenant_id = ANY(%s)"
+    params: list[Any] = [query.tenant_ids]
+    if query.tool_id is not None:
+        sql, params = sql + " AND o.tool_id = %s", [*params, query.tool_id]
+    if query.status:
+        sql, params = sql + " AND o.status = %s", [*params, query.status]
+    return sql, params
 
 
-# One row of aggregates over everything matched: grouped by a constant, which groups
-# nothing (Django leaves a constant out of GROUP BY).
-def _summary(queryset: QuerySet[Any], **aggregates: Any) -> QuerySet[Any]:
-    return (
-        queryset.order_by()
-        .annotate(everything=Value(1))
-        .values("everything")
-        .annotate(**aggregates)
-        .values_list(*aggregates)
-    )
-
-
-_INBOX_TOTAL = Compiled[tuple[int, datetime | None]](
-    lambda tenant_ids, by_tool, by_status: _summary(
-        _inbox_filtered(tenant_ids, by_tool, by_status),
-        total=Count("pk"),
-        last_change=Max("updated_at"),
-    )
-)
-
-
-_INBOX_LAST_EVENT = Compiled[tuple[int | None]](
-    lambda tenant_ids, by_tool, by_status, offset, limit: _summary(
-        AuditEvent.objects.filter(
-            occurrence_id__in=_page_ids(tenant_ids, by_tool, by_status, offset, limit)
-        ),
-        last=Max("id"),
-    )
-)
-
-
-_INBOX_PAGE = Compiled[Occurrence](
-    lambda tenant_ids, by_tool, by_status, offset, limit: _inbox_filtered(
-        tenant_ids, by_tool, by_status
-    ).filter(pk__in=_page_ids(tenant_ids, by_tool, by_status, offset, limit))
-)
-
-
-_PAGE_OCCURRENCES = ParamArray("occurrences", Occurrence._meta.pk)
-
-
-_INBOX_PROPOSALS = Compiled[Proposal](
-    lambda: Proposal.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, is_current=True).annotate(
-        votes_count=Count("votes")
-    )
-)
-
-
-_INBOX_APPROVALS = Compiled[Approval](
-    lambda: Approval.objects.filter(occurrence_id__in=_PAGE_OCCURRENCES, proposal__is_current=True)
-)
+def _page_ids(where: str) -> str:
+    """The ids of one page (``LIMIT %s OFFSET %s``), from the (tenant, status, created_at,
+    id) index alone."""
+    return f"""SELECT o.id FROM approvals_occurrence o WHERE {where}
+                ORDER BY o.created_at DESC, o.id DESC LIMIT %s OFFSET %s"""  # noqa: S608
 
 
 def inbox_total(query: InboxQuery) -> tuple[int, datetime | None]:
     """How many occurrences the inbox lists, and when the newest change among them was."""
-    for total, last_change in _INBOX_TOTAL.run(query.shape(), **query.values()):
-        return total, last_change
-    return 0, None  # no tenant to list
+    if not query.tenant_ids:
+        return 0, None  # no tenant to list
+    if not on_postgresql():
+        found = _inbox_filtered(query).aggregate(total=Count("pk"), last=Max("updated_at"))
+        return found["total"], found["last"]
+    where, params = _where(query)
+    sql = f"SELECT COUNT(o.id), MAX(o.updated_at) FROM approvals_occurrence o WHERE {where}"  # noqa: S608
+    [(total, last_change)] = fetch(sql, params)
+    return int(total), last_change
 
 
 def inbox_last_event(query: InboxQuery, *, offset: int, limit: int) -> int | None:
     """The newest audit event of the occurrences on one page of the inbox."""
-    fixed = query.shape(offset=offset, limit=limit)
-    for (last,) in _INBOX_LAST_EVENT.run(fixed, **query.values()):
-        return last
-    return None
+    if not query.tenant_ids:
+        return None
+    if not on_postgresql():
+        page = _inbox_filtered(query).values("pk")[offset : offset + limit]
+        found = AuditEvent.objects.filter(occurrence_id__in=page).aggregate(last=Max("id"))
+        return found["last"]
+    where, params = _where(query)
+    sql = f"""SELECT MAX(e.id) FROM approvals_auditevent e
+               WHERE e.occurrence_id IN ({_page_ids(where)})"""  # noqa: S608
+    [(last,)] = fetch(sql, [*params, limit, offset])
+    return last
+
+
+_OCCURRENCE = Columns(Occurrence, "o")
+_PROPOSAL = Columns(Proposal, "p")
+_APPROVAL = Columns(Approval, "a")
+
+_INBOX_PROPOSALS = f"""
+SELECT {_PROPOSAL.sql},
+       (SELECT COUNT(v.id) FROM approvals_approvalvote v WHERE v.proposal_id = p.id)
+  FROM approvals_proposal p
+ WHERE p.occurrence_id = ANY(%s) AND p.is_current"""  # noqa: S608 (no input in the text)
+
+_INBOX_APPROVALS = f"""
+SELECT {_APPROVAL.sql}
+  FROM approvals_approval a
+  JOIN approvals_proposal p ON p.id = a.proposal_id
+ WHERE a.occurrence_id = ANY(%s) AND p.is_current"""  # noqa: S608
 
 
 def inbox_page(
@@ -163,24 +139,55 @@ def inbox_page(
     Each row's tool and tenant are the instances the page already has (``inbox_tools``,
     the reader's tenants), shared by its rows rather than built again for each one; a
     tool added since ``tools`` was read is fetched then."""
-    page = _INBOX_PAGE.run(query.shape(offset=offset, limit=limit), **query.values())
-    ids = [occurrence.pk for occurrence in page]
-    proposals: dict[Any, list[Proposal]] = {pk: [] for pk in ids}
-    approvals: dict[Any, list[Approval]] = {pk: [] for pk in ids}
-    if ids:
-        for proposal in _INBOX_PROPOSALS.run(occurrences=ids):
-            proposals[proposal.occurrence_id].append(proposal)
-        for approval in _INBOX_APPROVALS.run(occurrences=ids):
-            approvals[approval.occurrence_id].append(approval)
+    page, proposals, approvals = (
+        _page_rows(query, offset, limit) if query.tenant_ids else ([], [], [])
+    )
+    by_occurrence: dict[Any, tuple[list[Proposal], list[Approval]]] = {
+        occurrence.pk: ([], []) for occurrence in page
+    }
+    for proposal in proposals:
+        by_occurrence[proposal.occurrence_id][0].append(proposal)
+    for approval in approvals:
+        by_occurrence[approval.occurrence_id][1].append(approval)
     missing = {o.tool_id for o in page} - tools.keys()
     if missing:
         tools = {**tools, **ToolContract.objects.in_bulk(missing)}
     tenant_of = {tenant.pk: tenant for tenant in tenants}
     for occurrence in page:
-        occurrence.current_proposals = proposals[occurrence.pk]  # type: ignore[attr-defined]
-        occurrence.current_approvals = approvals[occurrence.pk]  # type: ignore[attr-defined]
+        current = by_occurrence[occurrence.pk]
+        occurrence.current_proposals = current[0]  # type: ignore[attr-defined]
+        occurrence.current_approvals = current[1]  # type: ignore[attr-defined]
         occurrence.tool = tools[occurrence.tool_id]
         tenant = tenant_of.get(occurrence.tenant_id)
         if tenant is not None:  # else read when shown: a page filters by the reader's tenants
             occurrence.tenant = tenant
     return page
+
+
+def _page_rows(
+    query: InboxQuery, offset: int, limit: int
+) -> tuple[list[Occurrence], list[Proposal], list[Approval]]:
+    """The page's occurrences, and their current proposals (each with ``votes_count``) and
+    approvals."""
+    if not on_postgresql():
+        page = list(_inbox_filtered(query)[offset : offset + limit])
+        ids = [o.pk for o in page]
+        current = Proposal.objects.filter(occurrence_id__in=ids, is_current=True)
+        counted = current.annotate(votes_count=Count("votes"))
+        of_page = Approval.objects.filter(occurrence_id__in=ids, proposal__is_current=True)
+        return page, list(counted), list(of_page)
+    where, params = _where(query)
+    sql = f"""SELECT {_OCCURRENCE.sql} FROM approvals_occurrence o
+               WHERE {where} AND o.id IN ({_page_ids(where)})
+               ORDER BY o.created_at DESC, o.id DESC"""  # noqa: S608
+    page = [_OCCURRENCE.load(row) for row in fetch(sql, [*params, *params, limit, offset])]
+    ids = [o.pk for o in page]
+    if not ids:
+        return page, [], []
+    proposals = []
+    for row in fetch(_INBOX_PROPOSALS, [ids]):
+        proposal, votes = split(row, _PROPOSAL, 1)
+        proposal.votes_count = votes
+        proposals.append(proposal)
+    approvals = [_APPROVAL.load(row) for row in fetch(_INBOX_APPROVALS, [ids])]
+    return page, proposals, approvals

@@ -36,6 +36,7 @@ from approvals.models import (
     ToolContract,
 )
 from approvals.reviews.selectors import approval_state
+from approvals.sql import Columns, fetch, on_postgresql, split, words
 from approvals.vocabulary import AuditKind
 from approvals.web.selectors.access import tenant_reviewer_names
 from approvals.web.selectors.history import (
@@ -49,7 +50,6 @@ from approvals.web.selectors.history import (
     occurrence_history,
     rejected_by,
 )
-from approvals.web.selectors.sql import Columns, fetch, on_postgresql, split, words
 
 
 def _freshness_annotations() -> dict[str, Any]:

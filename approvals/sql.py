@@ -1,4 +1,4 @@
-"""The pages' hot reads on PostgreSQL, as plain SQL.
+"""Reading with plain SQL on PostgreSQL: the helpers the pages' hot reads are written with.
 
 Building a queryset's statement costs Django more than PostgreSQL spends running it (the
 review page's occurrence, with its dozen subqueries, took 1.5 ms to compile and 0.2 ms to
@@ -9,8 +9,11 @@ instances with ``Model.from_db``, as the ORM turns its rows into them (each fiel
 the public relation assignment (``occurrence.tool = tool``); lists of related rows are
 returned as lists, never slipped into a manager's cache.
 
-Each read has an ORM twin: the queryset it replaces, which SQLite (the demo) runs instead,
-and which ``tests/approvals/test_page_sql.py`` holds it equal to on PostgreSQL.
+The reads themselves live in the selectors of the page that makes them (``approvals.web.
+selectors``, ``reconciliation.selectors``, ``reconciliation.investigations.reads``), each
+beside its ORM twin: the queryset it replaces, which SQLite (the demo) runs instead, and
+which ``tests/approvals/test_page_sql.py`` (and its reconciliation counterpart) holds it
+equal to on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -45,15 +48,15 @@ def on_postgresql() -> bool:
 
 
 class Columns:
-    """The concrete columns of ``model`` (those named in ``only``, the primary key always
-    first, or all), selected under a table ``alias``, and how to build an instance from
-    them."""
+    """The concrete columns of ``model`` (all but those named in ``defer``), selected under
+    a table ``alias``, and how to build an instance from them (a deferred field is read
+    when it is first used, as the ORM's ``defer`` does)."""
 
-    def __init__(self, model: type[Model], alias: str, only: Sequence[str] = ()) -> None:
+    def __init__(self, model: type[Model], alias: str, defer: Sequence[str] = ()) -> None:
         fields = [
             f
             for f in model._meta.concrete_fields
-            if not only or f.primary_key or f.name in only or f.attname in only
+            if f.primary_key or (f.name not in defer and f.attname not in defer)
         ]
         self.model = model
         self.fields: list[Field[Any, Any]] = fields
