@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from django.urls import reverse
@@ -49,6 +49,7 @@ class ChainRow:
     deliveries: int  # times the event reached the audit trail
     flag: str  # security, redelivery, approved, duplicate, effect or ""
     tenant: str = ""
+    gap: ClassVar[bool] = False  # a step shown, not a run of steps left out
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class ChainGap:
 
     hidden: int
     kinds: str  # "380 claim.replayed, 5 claim.duplicate_delivery"
+    gap: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

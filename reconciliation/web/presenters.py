@@ -12,6 +12,7 @@ from django.urls import reverse
 from approvals.models import Approval, Command, Epoch
 from approvals.reviews.selectors import approval_state
 from approvals.vocabulary import OPERATOR_PREFIX, AuditKind, is_refused_use
+from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
 from approvals.web.presenters.history import HistoryLink, history_caption, history_links
 from approvals.web.shell import age
@@ -27,6 +28,16 @@ class QueueRow:
     item: QueueItem
     age: str
     money: list[MoneyLine]
+
+    @property
+    def href(self) -> str:
+        return occurrence_path("reconciliation:timeline", self.item.occurrence.pk)
+
+    @property
+    def link_id(self) -> str:
+        """An id that outlives the poll's swap, which keeps the keyboard on this link
+        (console.js)."""
+        return "queue-link-" + self.item.key.replace(":", "-")
 
 
 def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:

@@ -17,6 +17,7 @@ from approvals.models import (
 )
 from approvals.reviews.selectors import approval_state
 from approvals.web.forms import STATE_ALL, STATE_CHOICES
+from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
 from approvals.web.selectors.inbox import InboxFreshness
 from approvals.web.shell import age, stamp
@@ -67,6 +68,19 @@ class InboxRow:
     @property
     def flags_text(self) -> str:
         return " · ".join(flag.text for flag in self.flags)
+
+    @property
+    def flag_paths(self) -> list[str]:
+        """The flagged arguments' paths, a path flagged twice in a row named once."""
+        paths: list[str] = []
+        for flag in self.flags:
+            if not paths or paths[-1] != flag.path:
+                paths.append(flag.path)
+        return paths
+
+    @property
+    def href(self) -> str:
+        return occurrence_path("approvals:review", self.occurrence.pk)
 
 
 def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
