@@ -22,7 +22,7 @@ PostgreSQL's ``max_connections``. The processes (not the threads, which share on
 spread the Python work over the cores. ``gthread`` serves ``config.wsgi`` on
 ``GUNICORN_THREADS`` threads per process with persistent connections (``CONN_MAX_AGE``),
 a little cheaper per request, but each long-poll then holds a thread for its whole wait.
-The README's "Serving it" has the measurement.
+docs/deploy.md ("Serving it") has the measurement.
 
 Metrics: every worker process counts on its own, so ``PROMETHEUS_MULTIPROC_DIR`` must name a
 directory they share (``approvals.metrics``). ``bin/serve`` sets it and empties it at
@@ -63,7 +63,7 @@ CORES = _cores()
 # (GET /api/v1/occurrences/{id}?wait=N) waits on the event loop and holds no thread; the
 # rest of Django runs as under WSGI, each request in a thread of its own. gthread: the
 # WSGI application on threads, where each long-poll holds one of GUNICORN_THREADS.
-# The README's "Serving" section has the measurement that chose asgi.
+# docs/deploy.md ("Serving it") has the measurement that chose asgi.
 WORKER_CLASSES = {"asgi": "config.asgi:application", "gthread": "config.wsgi:application"}
 worker_class = os.environ.get("GUNICORN_WORKER_CLASS", "").strip() or "asgi"
 if worker_class not in WORKER_CLASSES:

@@ -280,7 +280,7 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "approvals.web.auth.lockout_response"
 # The client address is REMOTE_ADDR. Behind a reverse proxy that is the proxy's address,
 # so the lockout becomes one per username (still a lockout, but anyone can then pause a
-# known username's sign-in); see the README's deployment notes.
+# known username's sign-in); see docs/security.md.
 AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
@@ -345,7 +345,7 @@ SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 60 * 60, minimum=60)
 # "safe HTML" mark, so whoever knows the key could plant markup in the page.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 # Off by default because they depend on how TLS reaches the process (a proxy in front of
-# it, or not); the README's production environment turns them on.
+# it, or not); docs/deploy.md's production environment turns them on.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
 SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)

@@ -1,6 +1,6 @@
 """What a careless deployment gets: the settings refuse a public or weak SECRET_KEY outside
 DEBUG, read every flag strictly, and pass ``check --deploy`` under the production
-environment the README documents. Also what a known key still cannot do: plant a
+environment docs/deploy.md documents. Also what a known key still cannot do: plant a
 message (messages are kept in the session, not a cookie, and shown as text whatever
 their origin), and that console pages are never stored by a cache.
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 STRONG_KEY = secrets.token_urlsafe(50)
 
-# The environment a production run needs, as the README lists it. Cookies are Secure by
+# The environment a production run needs, as docs/deploy.md lists it. Cookies are Secure by
 # default outside DEBUG; the rest depends on the TLS proxy in front, so it is spelled out.
 PRODUCTION_ENV = {
     "SECRET_KEY": STRONG_KEY,

@@ -1,5 +1,5 @@
 """Every benchmark that loads the console's settings starts from a shell with no
-SECRET_KEY, as the README's commands are written (bench/django_setup.py gives it a
+SECRET_KEY, as bench/README.md's commands are written (bench/django_setup.py gives it a
 throwaway one)."""
 
 from __future__ import annotations

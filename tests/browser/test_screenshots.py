@@ -1,4 +1,4 @@
-"""The README's pictures, taken from one real flow: inbox, pending, issued, consumed.
+"""The README's and docs' pictures, taken from one real flow: inbox, pending, issued, consumed.
 
 Run with UPDATE_SCREENSHOTS=1 to write them to docs/; otherwise they go to a temporary
 directory, so that running the suite never changes the working tree:
