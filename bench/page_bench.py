@@ -73,7 +73,8 @@ HOT_OCCURRENCE = 14
 HOT_ISSUED = 11
 HOT_EVENTS_AT_SCALE_1 = 5_000
 TENANT_SLUG = "bench"
-# The aim for every page's p95 at scale 1 (bench/README.md, "The console's pages on a large database").
+# The aim for every page's p95 at scale 1 (bench/README.md, "The console's pages on a large
+# database").
 AIM_P95_MS = 30.0
 REVIEWER = "bench-reviewer"
 OPERATOR = "bench-operator"
