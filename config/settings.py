@@ -138,6 +138,11 @@ def secret_key(*, debug: bool) -> str:
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = secret_key(debug=DEBUG)
+# Earlier secret keys, newest first (comma-separated): what they signed (sessions, password
+# reset links) and the secrets stored encrypted under them (approvals.access.encryption)
+# still read. Rotating: the new key in SECRET_KEY, the old one here; once
+# `manage.py reencrypt_secrets` has run and the old sessions have expired, drop it.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 

@@ -19,7 +19,8 @@ read the occurrence (``GET /api/v1/occurrences/{id}``), which holds the same fac
 Delivery is at least once: a worker that dies mid-call leaves the delivery leased, and
 the sweep tries it again once the lease ran out.
 
-The secret is stored encrypted (Fernet, a key derived from ``SECRET_KEY``): the console
+The secret is stored encrypted (``approvals.access.encryption``: Fernet under keys derived
+from ``SECRET_KEY``, readable with ``SECRET_KEY_FALLBACKS`` after a rotation): the console
 must sign with it, so a hash would not do.
 
 """

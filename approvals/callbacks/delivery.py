@@ -81,7 +81,10 @@ def deliver(delivery_id: str) -> Attempt:
     if not callback.is_active:
         error = "the callback was removed"
     elif not secret:
-        error = "the signing secret no longer decrypts (SECRET_KEY changed): register again"
+        error = (
+            "the signing secret no longer decrypts (SECRET_KEY changed and the old key is "
+            "not in SECRET_KEY_FALLBACKS): register again"
+        )
     else:
         try:
             response = httpx.post(

@@ -3,19 +3,16 @@ signing secret, once; the secret is stored encrypted, since the console must sig
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from approvals.access import tokens
+from approvals.access import encryption, tokens
 from approvals.errors import InputError
 from approvals.models import (
     CallbackDelivery,
@@ -25,16 +22,13 @@ from approvals.models import (
 from approvals.vocabulary import AuditKind
 
 
-def _fernet() -> Fernet:
-    key = hashlib.sha256(b"approval-console callback secrets:" + settings.SECRET_KEY.encode())
-    return Fernet(base64.urlsafe_b64encode(key.digest()))
+def secret_encrypt(secret: str) -> str:
+    return encryption.secret_encrypt(secret, purpose=encryption.Purpose.CALLBACK_SECRETS)
 
 
-def secret_decrypt(token: str) -> str:
-    try:
-        return _fernet().decrypt(token.encode()).decode()
-    except InvalidToken:
-        return ""
+def secret_decrypt(stored: str) -> str:
+    """The callback's signing secret, or "" when no secret key reads it any more."""
+    return encryption.secret_decrypt(stored, purpose=encryption.Purpose.CALLBACK_SECRETS)
 
 
 def _check_url(url: str) -> str:
@@ -95,14 +89,14 @@ def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False
             callback = RuntimeCallback.objects.create(
                 runtime_key=runtime_key,
                 url=url,
-                secret_encrypted=_fernet().encrypt(secret.encode()).decode(),
+                secret_encrypted=secret_encrypt(secret),
             )
         else:
             existing.url = url
             existing.is_active = True
             fields = ["url", "is_active", "updated_at"]
             if secret:
-                existing.secret_encrypted = _fernet().encrypt(secret.encode()).decode()
+                existing.secret_encrypted = secret_encrypt(secret)
                 fields.append("secret_encrypted")
             existing.save(update_fields=fields)
             callback = existing
