@@ -19,7 +19,7 @@ from django.utils import timezone
 from approvals.audit.record import audit_record
 from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation.adapters.base import http_client
-from reconciliation.adapters.webhook import SIGNATURE_HEADER, sign
+from reconciliation.adapters.webhook import signed_headers
 from reconciliation.credentials import decrypt
 from reconciliation.models import Escalation, EscalationPolicy
 from reconciliation.selectors.queue import QueueItem, queue_items
@@ -52,10 +52,11 @@ def _deliver(policy: EscalationPolicy, escalation: Escalation, body: bytes) -> t
     ok = True
     if policy.webhook_url:
         secret = decrypt(policy.secret_encrypted) if policy.secret_encrypted else ""
+        message_id = f"escalation-{escalation.pk}"
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": f"escalation-{escalation.pk}",
-            SIGNATURE_HEADER: sign(secret, body),
+            "Idempotency-Key": message_id,
+            **signed_headers(secret=secret, message_id=message_id, body=body),
         }
         try:
             with http_client() as client:

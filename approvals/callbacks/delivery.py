@@ -23,6 +23,7 @@ from approvals.models import (
     CallbackAttempt,
     CallbackDelivery,
 )
+from approvals.outbound import signing
 
 log = structlog.get_logger("approvals.callbacks")
 
@@ -40,9 +41,25 @@ DELIVERY_HEADER = "X-Console-Delivery"
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The signature header's value: what a receiver recomputes to check a delivery."""
+    """``X-Console-Signature``'s value, the console's own signature from before Standard
+    Webhooks: still sent, so receivers that check it keep working."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     return "sha256=" + mac.hexdigest()
+
+
+def _headers(secret: str, delivery_id: str, timestamp: str, body: bytes) -> dict[str, str]:
+    """Both signatures: Standard Webhooks' (``webhook-*``, the delivery id as the message
+    id) and the console's older ``X-Console-*``, over the same body and time."""
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": "approval-console-callbacks/1",
+        DELIVERY_HEADER: delivery_id,
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+        **signing.signed_headers(
+            secret=secret, message_id=delivery_id, timestamp=int(timestamp), body=body
+        ),
+    }
 
 
 def _backoff(attempts: int) -> timedelta:
@@ -90,13 +107,7 @@ def deliver(delivery_id: str) -> Attempt:
             response = httpx.post(
                 callback.url,
                 content=body,
-                headers={
-                    "Content-Type": "application/json",
-                    DELIVERY_HEADER: str(delivery.pk),
-                    TIMESTAMP_HEADER: timestamp,
-                    SIGNATURE_HEADER: sign(secret, timestamp, body),
-                    "User-Agent": "approval-console-callbacks/1",
-                },
+                headers=_headers(secret, str(delivery.pk), timestamp, body),
                 timeout=httpx.Timeout(
                     settings.ADAPTER_READ_TIMEOUT, connect=settings.ADAPTER_CONNECT_TIMEOUT
                 ),
@@ -165,7 +176,13 @@ def receiver_check(
     secret: str, headers: dict[str, str], body: bytes, *, tolerance: int = 300
 ) -> bool:
     """What a receiver does, in Python (the README shows it): the signature matches and
-    the timestamp is recent. Used by the tests as the receiver's own check."""
+    the timestamp is recent. Used by the tests as the receiver's own check.
+
+    A delivery with Standard Webhooks headers is checked by the ``standardwebhooks``
+    package alone (its tolerance is five minutes); one without them (a sender from before
+    them) by ``X-Console-Signature`` and ``tolerance`` seconds."""
+    if any(name.lower() == signing.SIGNATURE_HEADER for name in headers):
+        return signing.verify(secret=secret, headers=headers, body=body)
     timestamp = headers.get(TIMESTAMP_HEADER, "")
     if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > tolerance:
         return False

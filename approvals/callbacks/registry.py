@@ -84,7 +84,7 @@ def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False
         )
         secret = ""
         if existing is None or rotate:
-            secret = tokens.mint(tokens.CALLBACK_SECRET_PREFIX)
+            secret = tokens.mint_webhook_secret()
         if existing is None:
             callback = RuntimeCallback.objects.create(
                 runtime_key=runtime_key,

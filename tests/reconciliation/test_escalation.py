@@ -24,8 +24,6 @@ from tests.reconciliation.conftest import claim_command
 
 pytestmark = pytest.mark.django_db
 
-SECRET = "whsec_escalation"
-
 
 def unknown_for(runtime: Runtime, reviewer: Any, remote: SandboxProcess, minutes: int) -> Command:
     command = claim_command(runtime, reviewer, "send_message")
@@ -44,7 +42,7 @@ def policy(tenant: Any, remote: SandboxProcess) -> EscalationPolicy:
         tenant=tenant,
         after_minutes=30,
         webhook_url=f"{remote.url}/v1/messages",
-        secret_encrypted=encrypt(SECRET),
+        secret_encrypted=encrypt(remote.webhook_secret),
         email="oncall@example.com",
     )
 
@@ -65,7 +63,12 @@ def test_an_item_past_the_threshold_is_escalated_once_signed(
     assert body["link"] == (
         f"https://console.example.com/operations/occurrences/{command.occurrence_id}/"
     )
-    expected = hmac.new(SECRET.encode(), message["raw_body"].encode(), hashlib.sha256)
+    # Accepted by the sandbox, which verified its Standard Webhooks signature; the older
+    # header is still there.
+    assert message["webhook_id"] == f"escalation-{Escalation.objects.get().pk}"
+    expected = hmac.new(
+        remote.webhook_secret.encode(), message["raw_body"].encode(), hashlib.sha256
+    )
     assert message["signature"] == f"sha256={expected.hexdigest()}"
     assert json.loads(message["raw_body"]) == body
     [email] = mail.outbox

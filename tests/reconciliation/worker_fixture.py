@@ -249,6 +249,7 @@ class Workers:
                 "PAYMENTS_URL": sandbox.url,
                 "PAYMENTS_API_KEY": sandbox.api_key,
                 "MESSAGES_WEBHOOK_URL": f"{sandbox.url}/v1/messages",
+                "MESSAGES_WEBHOOK_SECRET": sandbox.webhook_secret,
                 "ADAPTER_READ_TIMEOUT": "1",
                 "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
                 "PYTHONUNBUFFERED": "1",
