@@ -452,6 +452,11 @@ METRICS_TOKEN = _env("METRICS_TOKEN") or ""
 # unknown, never a worker waiting for ever.
 ADAPTER_CONNECT_TIMEOUT = env_float("ADAPTER_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
+# Every outbound call (adapters, callbacks, escalation; approvals/outbound/client.py) ends
+# this many seconds after it started, however its receiver dribbles, and reads at most this
+# much of an answer: a slow or huge receiver holds a worker for a bounded time and memory.
+OUTBOUND_DEADLINE_SECONDS = env_float("OUTBOUND_DEADLINE_SECONDS", 30.0, minimum=0.1)
+OUTBOUND_MAX_RESPONSE_BYTES = env_int("OUTBOUND_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
 # The defaults point at the sandbox (manage.py run_sandbox_payments) in development only:
 # a deployment names its payments API and webhook, and without a secret of its own an
 # adapter call is refused by the remote (recorded as an authentication challenge) rather

@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.audit.record import audit_record
+from approvals.outbound.client import outbound_client
 from approvals.vocabulary import AuditKind, EventDecision
-from reconciliation.adapters.base import http_client
 from reconciliation.adapters.webhook import signed_headers
 from reconciliation.credentials import decrypt
 from reconciliation.models import Escalation, EscalationPolicy
@@ -59,7 +59,10 @@ def _deliver(policy: EscalationPolicy, escalation: Escalation, body: bytes) -> t
             **signed_headers(secret=secret, message_id=message_id, body=body),
         }
         try:
-            with http_client() as client:
+            # An address the operator did not allow is refused where the client connects,
+            # as a callback's is (the URL is typed by a tenant's admin).
+            public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+            with outbound_client(public_only=public_only) as client:
                 response = client.post(policy.webhook_url, content=body, headers=headers)
             ok = response.is_success
             sent.append(f"webhook {response.status_code}")

@@ -24,6 +24,7 @@ from approvals.models import (
     CallbackDelivery,
 )
 from approvals.outbound import signing
+from approvals.outbound.client import outbound_client
 
 log = structlog.get_logger("approvals.callbacks")
 
@@ -104,15 +105,16 @@ def deliver(delivery_id: str) -> Attempt:
         )
     else:
         try:
-            response = httpx.post(
-                callback.url,
-                content=body,
-                headers=_headers(secret, str(delivery.pk), timestamp, body),
-                timeout=httpx.Timeout(
-                    settings.ADAPTER_READ_TIMEOUT, connect=settings.ADAPTER_CONNECT_TIMEOUT
-                ),
-                follow_redirects=False,
-            )
+            # Connected only to a public address unless the operator allows private ones,
+            # checked on the address the connection reaches (a name may resolve elsewhere
+            # now than at registration); bounded in time and in the answer's size.
+            public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+            with outbound_client(public_only=public_only) as client:
+                response = client.post(
+                    callback.url,
+                    content=body,
+                    headers=_headers(secret, str(delivery.pk), timestamp, body),
+                )
             status_code = response.status_code
             if not 200 <= status_code < 300:
                 error = f"HTTP {status_code}"

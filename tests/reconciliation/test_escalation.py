@@ -37,7 +37,10 @@ def unknown_for(runtime: Runtime, reviewer: Any, remote: SandboxProcess, minutes
 
 
 @pytest.fixture
-def policy(tenant: Any, remote: SandboxProcess) -> EscalationPolicy:
+def policy(tenant: Any, remote: SandboxProcess, settings: Any) -> EscalationPolicy:
+    # The sandbox listens on loopback, which only an operator's setting lets the
+    # escalation webhook reach (as a callback).
+    settings.CALLBACK_ALLOW_PRIVATE_HOSTS = True
     return EscalationPolicy.objects.create(
         tenant=tenant,
         after_minutes=30,
@@ -107,3 +110,17 @@ def test_a_failed_delivery_is_tried_again_on_the_next_run(
         .values_list("decision", flat=True)
     )
     assert decisions == ["failed", "delivered"]
+
+
+def test_a_private_address_is_not_called_unless_the_operator_allows_it(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy, settings: Any
+) -> None:
+    settings.CALLBACK_ALLOW_PRIVATE_HOSTS = False
+    unknown_for(runtime, reviewer, remote, minutes=45)
+
+    assert escalations_run() == 0
+
+    assert remote.requests() == [] and remote.messages() == []
+    escalation = Escalation.objects.get()
+    assert escalation.delivered is False
+    assert escalation.detail.startswith("webhook failed: ConnectError")
