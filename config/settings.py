@@ -430,6 +430,14 @@ CALLBACK_RETRY_BACKOFF_SECONDS = env_float("CALLBACK_RETRY_BACKOFF_SECONDS", 2.0
 CALLBACK_SWEEP_GRACE_SECONDS = env_float("CALLBACK_SWEEP_GRACE_SECONDS", 10.0, minimum=0.0)
 CALLBACK_ALLOW_HTTP = env_bool("CALLBACK_ALLOW_HTTP", DEBUG)
 CALLBACK_ALLOW_PRIVATE_HOSTS = env_bool("CALLBACK_ALLOW_PRIVATE_HOSTS", DEBUG)
+# Callback deliveries run on a queue of their own, so that a slow receiver never delays a
+# command's execution (the default queue, "celery"). Every deployment runs a worker that
+# consumes it: bin/serve starts one (CALLBACK_CONCURRENCY processes) beside the main worker.
+CALLBACKS_QUEUE = "callbacks"
+CELERY_TASK_ROUTES = {
+    "approvals.tasks.callback_deliver": {"queue": CALLBACKS_QUEUE},
+    "approvals.tasks.callbacks_sweep": {"queue": CALLBACKS_QUEUE},
+}
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
 CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
 # A console-executed command still pending this long after its last change was never
