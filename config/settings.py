@@ -138,6 +138,11 @@ def secret_key(*, debug: bool) -> str:
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = secret_key(debug=DEBUG)
+# Earlier secret keys, newest first (comma-separated): what they signed (sessions, password
+# reset links) and the secrets stored encrypted under them (approvals.access.encryption)
+# still read. Rotating: the new key in SECRET_KEY, the old one here; once
+# `manage.py reencrypt_secrets` has run and the old sessions have expired, drop it.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
@@ -425,6 +430,14 @@ CALLBACK_RETRY_BACKOFF_SECONDS = env_float("CALLBACK_RETRY_BACKOFF_SECONDS", 2.0
 CALLBACK_SWEEP_GRACE_SECONDS = env_float("CALLBACK_SWEEP_GRACE_SECONDS", 10.0, minimum=0.0)
 CALLBACK_ALLOW_HTTP = env_bool("CALLBACK_ALLOW_HTTP", DEBUG)
 CALLBACK_ALLOW_PRIVATE_HOSTS = env_bool("CALLBACK_ALLOW_PRIVATE_HOSTS", DEBUG)
+# Callback deliveries run on a queue of their own, so that a slow receiver never delays a
+# command's execution (the default queue, "celery"). Every deployment runs a worker that
+# consumes it: bin/serve starts one (CALLBACK_CONCURRENCY processes) beside the main worker.
+CALLBACKS_QUEUE = "callbacks"
+CELERY_TASK_ROUTES = {
+    "approvals.tasks.callback_deliver": {"queue": CALLBACKS_QUEUE},
+    "approvals.tasks.callbacks_sweep": {"queue": CALLBACKS_QUEUE},
+}
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
 CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
 # A console-executed command still pending this long after its last change was never
@@ -447,6 +460,11 @@ METRICS_TOKEN = _env("METRICS_TOKEN") or ""
 # unknown, never a worker waiting for ever.
 ADAPTER_CONNECT_TIMEOUT = env_float("ADAPTER_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
+# Every outbound call (adapters, callbacks, escalation; approvals/outbound/client.py) ends
+# this many seconds after it started, however its receiver dribbles, and reads at most this
+# much of an answer: a slow or huge receiver holds a worker for a bounded time and memory.
+OUTBOUND_DEADLINE_SECONDS = env_float("OUTBOUND_DEADLINE_SECONDS", 30.0, minimum=0.1)
+OUTBOUND_MAX_RESPONSE_BYTES = env_int("OUTBOUND_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
 # The defaults point at the sandbox (manage.py run_sandbox_payments) in development only:
 # a deployment names its payments API and webhook, and without a secret of its own an
 # adapter call is refused by the remote (recorded as an authentication challenge) rather

@@ -1,7 +1,9 @@
 """A sandbox payments service: a real HTTP server that the demo and the tests execute against.
 
 It behaves like a small payments API (refunds keyed by ``Idempotency-Key``, an effect query,
-a reversal) plus a webhook receiver that does not dedupe, and it misbehaves on request
+a reversal) plus a webhook receiver that does not dedupe and verifies each message's
+Standard Webhooks signature with the ``standardwebhooks`` package (a forged, unsigned or
+replayed message, older than five minutes, is refused), and it misbehaves on request
 (``POST /_sandbox/faults``) so that every ambiguous outcome an adapter must survive can be
 produced on purpose: a refusal before any effect, or an effect whose answer never arrives.
 
@@ -31,8 +33,12 @@ from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from standardwebhooks import Webhook, WebhookVerificationError
+
 HOST = "127.0.0.1"
 DEFAULT_API_KEY = "sk_sandbox"
+# The console's MESSAGES_WEBHOOK_SECRET under DEBUG.
+DEFAULT_WEBHOOK_SECRET = "whsec_sandbox"
 DEFAULT_HOLD_SECONDS = 30.0
 WWW_AUTHENTICATE = 'Bearer realm="payments", error="invalid_token"'
 MAX_BODY_BYTES = 1_000_000
@@ -204,12 +210,13 @@ class Store:
         return dict(next(r for r in self.state["refunds"] if r["id"] == refund_id))
 
     def message_record(
-        self, *, key: str | None, signature: str | None, raw: str, body: Any
+        self, *, key: str | None, signature: str | None, webhook_id: str, raw: str, body: Any
     ) -> dict[str, Any]:
         message = {
             "id": f"msg_{secrets.token_hex(12)}",
             "idempotency_key": key,
             "signature": signature,
+            "webhook_id": webhook_id,
             "body": body,
             # The exact bytes received, so a test can check an HMAC over them.
             "raw_body": raw,
@@ -235,9 +242,22 @@ class SandboxServer(ThreadingHTTPServer):
     # Racing workers open many connections at once; the default backlog of 5 would refuse some.
     request_queue_size = 128
 
-    def __init__(self, port: int, *, store: Store, api_key: str, hold_seconds: float) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        store: Store,
+        api_key: str,
+        hold_seconds: float,
+        webhook_secret: str = DEFAULT_WEBHOOK_SECRET,
+    ) -> None:
         self.store = store
         self.api_key = api_key
+        # As Standard Webhooks tells a receiver: a whsec_ secret as it is, any other as its
+        # bytes (the console signs with the same key).
+        self.webhook = Webhook(
+            webhook_secret if webhook_secret.startswith("whsec_") else webhook_secret.encode()
+        )
         self.hold_seconds = hold_seconds
         # Set when the server stops, so a held answer does not keep the process alive.
         self.stopping = threading.Event()
@@ -299,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif name is None:
             reply = Reply(HTTPStatus.METHOD_NOT_ALLOWED, _error("method_not_allowed", ""))
         elif name != "message" and not self._authorized():
-            # Messages authenticate by their HMAC signature, which the receiver records.
+            # Messages authenticate by their signature, which _message verifies.
             reply = self._unauthorized("Missing or wrong API key.")
         else:
             arg = route[1]
@@ -432,6 +452,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _message(self, raw: bytes) -> Reply:
         try:
+            self.server.webhook.verify(raw, dict(self.headers.items()), json_parse=False)
+        except WebhookVerificationError as exc:
+            return Reply(HTTPStatus.UNAUTHORIZED, _error("invalid_signature", str(exc)))
+        try:
             text = raw.decode("utf-8")
             body = json.loads(text)
         except ValueError:
@@ -439,6 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
         message = self.server.store.message_record(
             key=self.headers.get("Idempotency-Key"),
             signature=self.headers.get("X-Signature"),
+            webhook_id=self.headers.get("webhook-id", ""),
             raw=text,
             body=body,
         )
@@ -501,10 +526,17 @@ def serve(
     data_path: Path,
     api_key: str,
     hold_seconds: float = DEFAULT_HOLD_SECONDS,
+    webhook_secret: str = DEFAULT_WEBHOOK_SECRET,
     on_listening: Callable[[str], None] = print,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop cleanly. Must run in the main thread."""
-    server = SandboxServer(port, store=Store(data_path), api_key=api_key, hold_seconds=hold_seconds)
+    server = SandboxServer(
+        port,
+        store=Store(data_path),
+        api_key=api_key,
+        hold_seconds=hold_seconds,
+        webhook_secret=webhook_secret,
+    )
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:

@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.audit.record import audit_record
+from approvals.outbound.client import outbound_client
 from approvals.vocabulary import AuditKind, EventDecision
-from reconciliation.adapters.base import http_client
-from reconciliation.adapters.webhook import SIGNATURE_HEADER, sign
+from reconciliation.adapters.webhook import signed_headers
 from reconciliation.credentials import decrypt
 from reconciliation.models import Escalation, EscalationPolicy
 from reconciliation.selectors.queue import QueueItem, queue_items
@@ -52,13 +52,17 @@ def _deliver(policy: EscalationPolicy, escalation: Escalation, body: bytes) -> t
     ok = True
     if policy.webhook_url:
         secret = decrypt(policy.secret_encrypted) if policy.secret_encrypted else ""
+        message_id = f"escalation-{escalation.pk}"
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": f"escalation-{escalation.pk}",
-            SIGNATURE_HEADER: sign(secret, body),
+            "Idempotency-Key": message_id,
+            **signed_headers(secret=secret, message_id=message_id, body=body),
         }
         try:
-            with http_client() as client:
+            # An address the operator did not allow is refused where the client connects,
+            # as a callback's is (the URL is typed by a tenant's admin).
+            public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+            with outbound_client(public_only=public_only) as client:
                 response = client.post(policy.webhook_url, content=body, headers=headers)
             ok = response.is_success
             sent.append(f"webhook {response.status_code}")

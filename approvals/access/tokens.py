@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -15,6 +16,14 @@ CALLBACK_SECRET_PREFIX = "whsec_"
 def mint(prefix: str) -> str:
     # 32 random bytes: 256 bits of entropy, URL-safe.
     return prefix + secrets.token_urlsafe(32)
+
+
+def mint_webhook_secret() -> str:
+    """A callback's signing secret, spelled as Standard Webhooks spells one (``whsec_`` and
+    standard base64 of 32 random bytes), so ``standardwebhooks.Webhook(secret)`` takes it
+    as it is. Those minted before were ``whsec_`` and URL-safe base64; they keep working
+    (``approvals.outbound.signing``)."""
+    return CALLBACK_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def hash_secret(raw: str) -> str:

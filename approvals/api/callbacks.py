@@ -67,10 +67,15 @@ def _callback_out(callback: Any, secret: str = "") -> dict[str, Any]:
     response={200: CallbackOut, **AUTH_ERRORS, **BODY_ERRORS},
     summary="Register this runtime key's callback URL: decisions are pushed to it",
     description="Each decision on a request this key proposed (`approved`, `rejected`, "
-    "`expired`, `edited`) is POSTed to the URL as JSON, signed: `X-Console-Signature: "
-    'sha256=HMAC-SHA256(secret, "<X-Console-Timestamp>.<body>")`, with '
-    "`X-Console-Delivery` the same on every retry. Retried with backoff until a 2xx. The "
-    "first registration (or `rotate_secret`) answers the secret, once.",
+    "`expired`, `edited`) is POSTed to the URL as JSON, signed twice. As Standard Webhooks "
+    "(https://www.standardwebhooks.com/) signs: `webhook-id` (the delivery id), "
+    "`webhook-timestamp` and `webhook-signature`, which "
+    "`standardwebhooks.Webhook(secret).verify(body, headers)` checks. And as before: "
+    '`X-Console-Signature: sha256=HMAC-SHA256(secret, "<X-Console-Timestamp>.<body>")`, '
+    "with `X-Console-Delivery` the same on every retry. Retried with backoff until a 2xx. "
+    "The first registration (or `rotate_secret`) answers the secret, once: `whsec_` and "
+    "base64, as Standard Webhooks spells one (a secret minted before, in URL-safe base64, "
+    "is read by `Webhook` once `-` and `_` are written `+` and `/`).",
 )
 def callback_put(request: HttpRequest, payload: CallbackIn) -> dict[str, Any]:
     registered = callback_register(

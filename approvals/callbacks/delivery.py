@@ -23,6 +23,8 @@ from approvals.models import (
     CallbackAttempt,
     CallbackDelivery,
 )
+from approvals.outbound import signing
+from approvals.outbound.client import outbound_client
 
 log = structlog.get_logger("approvals.callbacks")
 
@@ -40,9 +42,25 @@ DELIVERY_HEADER = "X-Console-Delivery"
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The signature header's value: what a receiver recomputes to check a delivery."""
+    """``X-Console-Signature``'s value, the console's own signature from before Standard
+    Webhooks: still sent, so receivers that check it keep working."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     return "sha256=" + mac.hexdigest()
+
+
+def _headers(secret: str, delivery_id: str, timestamp: str, body: bytes) -> dict[str, str]:
+    """Both signatures: Standard Webhooks' (``webhook-*``, the delivery id as the message
+    id) and the console's older ``X-Console-*``, over the same body and time."""
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": "approval-console-callbacks/1",
+        DELIVERY_HEADER: delivery_id,
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+        **signing.signed_headers(
+            secret=secret, message_id=delivery_id, timestamp=int(timestamp), body=body
+        ),
+    }
 
 
 def _backoff(attempts: int) -> timedelta:
@@ -81,24 +99,22 @@ def deliver(delivery_id: str) -> Attempt:
     if not callback.is_active:
         error = "the callback was removed"
     elif not secret:
-        error = "the signing secret no longer decrypts (SECRET_KEY changed): register again"
+        error = (
+            "the signing secret no longer decrypts (SECRET_KEY changed and the old key is "
+            "not in SECRET_KEY_FALLBACKS): register again"
+        )
     else:
         try:
-            response = httpx.post(
-                callback.url,
-                content=body,
-                headers={
-                    "Content-Type": "application/json",
-                    DELIVERY_HEADER: str(delivery.pk),
-                    TIMESTAMP_HEADER: timestamp,
-                    SIGNATURE_HEADER: sign(secret, timestamp, body),
-                    "User-Agent": "approval-console-callbacks/1",
-                },
-                timeout=httpx.Timeout(
-                    settings.ADAPTER_READ_TIMEOUT, connect=settings.ADAPTER_CONNECT_TIMEOUT
-                ),
-                follow_redirects=False,
-            )
+            # Connected only to a public address unless the operator allows private ones,
+            # checked on the address the connection reaches (a name may resolve elsewhere
+            # now than at registration); bounded in time and in the answer's size.
+            public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+            with outbound_client(public_only=public_only) as client:
+                response = client.post(
+                    callback.url,
+                    content=body,
+                    headers=_headers(secret, str(delivery.pk), timestamp, body),
+                )
             status_code = response.status_code
             if not 200 <= status_code < 300:
                 error = f"HTTP {status_code}"
@@ -162,7 +178,13 @@ def receiver_check(
     secret: str, headers: dict[str, str], body: bytes, *, tolerance: int = 300
 ) -> bool:
     """What a receiver does, in Python (the README shows it): the signature matches and
-    the timestamp is recent. Used by the tests as the receiver's own check."""
+    the timestamp is recent. Used by the tests as the receiver's own check.
+
+    A delivery with Standard Webhooks headers is checked by the ``standardwebhooks``
+    package alone (its tolerance is five minutes); one without them (a sender from before
+    them) by ``X-Console-Signature`` and ``tolerance`` seconds."""
+    if any(name.lower() == signing.SIGNATURE_HEADER for name in headers):
+        return signing.verify(secret=secret, headers=headers, body=body)
     timestamp = headers.get(TIMESTAMP_HEADER, "")
     if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > tolerance:
         return False

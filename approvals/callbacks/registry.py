@@ -3,38 +3,33 @@ signing secret, once; the secret is stored encrypted, since the console must sig
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from cryptography.fernet import Fernet, InvalidToken
+import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from approvals.access import tokens
+from approvals.access import encryption, tokens
 from approvals.errors import InputError
 from approvals.models import (
     CallbackDelivery,
     RuntimeCallback,
     RuntimeKey,
 )
+from approvals.outbound.addresses import host_is_private
 from approvals.vocabulary import AuditKind
 
 
-def _fernet() -> Fernet:
-    key = hashlib.sha256(b"approval-console callback secrets:" + settings.SECRET_KEY.encode())
-    return Fernet(base64.urlsafe_b64encode(key.digest()))
+def secret_encrypt(secret: str) -> str:
+    return encryption.secret_encrypt(secret, purpose=encryption.Purpose.CALLBACK_SECRETS)
 
 
-def secret_decrypt(token: str) -> str:
-    try:
-        return _fernet().decrypt(token.encode()).decode()
-    except InvalidToken:
-        return ""
+def secret_decrypt(stored: str) -> str:
+    """The callback's signing secret, or "" when no secret key reads it any more."""
+    return encryption.secret_decrypt(stored, purpose=encryption.Purpose.CALLBACK_SECRETS)
 
 
 def _check_url(url: str) -> str:
@@ -43,9 +38,21 @@ def _check_url(url: str) -> str:
         raise InputError(
             "invalid_url", "The callback URL may hold no spaces or control characters.", "url"
         )
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
+    unreadable = InputError(
+        "invalid_url", "The callback URL cannot be read: check its host and port (1-65535).", "url"
+    )
+    try:
+        url.encode("utf-8")
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except (ValueError, UnicodeError):
+        # A malformed IPv6 literal, a port that is not a number or past 65535, a lone
+        # surrogate: urlsplit raises ValueError (or UnicodeError) for each.
+        raise unreadable from None
+    if parts.scheme not in ("https", "http") or not host:
         raise InputError("invalid_url", "The callback URL must be an http(s) URL.", "url")
+    if port == 0:
+        raise InputError("invalid_url", "The callback URL's port must be 1-65535.", "url")
     if parts.username or parts.password:
         raise InputError("invalid_url", "Put no credentials in the callback URL.", "url")
     if parts.scheme == "http" and not settings.CALLBACK_ALLOW_HTTP:
@@ -54,24 +61,18 @@ def _check_url(url: str) -> str:
             "The callback URL must use https (CALLBACK_ALLOW_HTTP is off).",
             "url",
         )
-    if not settings.CALLBACK_ALLOW_PRIVATE_HOSTS and _is_private(parts.hostname):
+    if not settings.CALLBACK_ALLOW_PRIVATE_HOSTS and host_is_private(host):
         raise InputError(
             "private_host",
-            "The callback URL names a loopback or private address, which this console "
-            "does not call (CALLBACK_ALLOW_PRIVATE_HOSTS is off).",
+            "The callback URL names or resolves to a loopback or private address, which "
+            "this console does not call (CALLBACK_ALLOW_PRIVATE_HOSTS is off).",
             "url",
         )
-    return url
-
-
-def _is_private(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
-        return True
     try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False  # a name: resolved when called, where the network's rules apply
-    return not address.is_global
+        httpx.URL(url)  # what the worker will call: it must read the URL too
+    except httpx.InvalidURL:
+        raise unreadable from None
+    return url
 
 
 @dataclass(frozen=True)
@@ -90,19 +91,19 @@ def callback_register(*, runtime_key: RuntimeKey, url: str, rotate: bool = False
         )
         secret = ""
         if existing is None or rotate:
-            secret = tokens.mint(tokens.CALLBACK_SECRET_PREFIX)
+            secret = tokens.mint_webhook_secret()
         if existing is None:
             callback = RuntimeCallback.objects.create(
                 runtime_key=runtime_key,
                 url=url,
-                secret_encrypted=_fernet().encrypt(secret.encode()).decode(),
+                secret_encrypted=secret_encrypt(secret),
             )
         else:
             existing.url = url
             existing.is_active = True
             fields = ["url", "is_active", "updated_at"]
             if secret:
-                existing.secret_encrypted = _fernet().encrypt(secret.encode()).decode()
+                existing.secret_encrypted = secret_encrypt(secret)
                 fields.append("secret_encrypted")
             existing.save(update_fields=fields)
             callback = existing

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
-from django.conf import settings
+
+from approvals.outbound.client import outbound_client
 
 
 @dataclass(frozen=True)
@@ -80,15 +81,12 @@ class Adapter(Protocol):
 
 
 def http_client() -> httpx.Client:
-    """A client with explicit connect and read timeouts: a call that hangs is an unknown
-    outcome after ``ADAPTER_READ_TIMEOUT`` seconds, never a worker stuck for ever."""
-    timeout = httpx.Timeout(
-        connect=settings.ADAPTER_CONNECT_TIMEOUT,
-        read=settings.ADAPTER_READ_TIMEOUT,
-        write=settings.ADAPTER_READ_TIMEOUT,
-        pool=settings.ADAPTER_CONNECT_TIMEOUT,
-    )
-    return httpx.Client(timeout=timeout, follow_redirects=False)
+    """A client with explicit timeouts, a total deadline and a size cap
+    (``approvals.outbound.client``): a call that hangs or dribbles is an unknown outcome
+    after ``ADAPTER_READ_TIMEOUT`` or ``OUTBOUND_DEADLINE_SECONDS`` seconds, never a worker
+    stuck for ever. The adapters' URLs are the operator's (``PAYMENTS_URL``, a tenant's
+    webhook target, set in the admin), so they may be private addresses."""
+    return outbound_client(public_only=False)
 
 
 def transport_failure(exc: httpx.HTTPError) -> Result:

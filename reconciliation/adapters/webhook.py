@@ -1,5 +1,12 @@
 """The webhook adapter: POSTs the command as JSON to the tenant's URL, signed.
 
+Signed twice over the same body: Standard Webhooks' ``webhook-id`` (the command's
+idempotency key), ``webhook-timestamp`` and ``webhook-signature``
+(``approvals.outbound.signing``), which a receiver verifies with the ``standardwebhooks``
+package, refusing a message older than five minutes; and the older ``X-Signature``, an
+HMAC of the body alone, kept for receivers that check it, though a captured message
+replays under it.
+
 A receiver may not dedupe (the contract is ``unsafe``), and a generic receiver documents
 nothing, so only an explicit 4xx counts as refused before execution; a 5xx, a timeout or a
 reset connection may have delivered the message and is ``Unknown``.
@@ -10,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 
 import httpx
 
+from approvals.outbound import signing
 from reconciliation.adapters.base import (
     Call,
     Committed,
@@ -30,9 +39,20 @@ SIGNATURE_HEADER = "X-Signature"
 
 
 def sign(secret: str, body: bytes) -> str:
-    """``sha256=<hex>``: HMAC-SHA256 of the exact body bytes with the tenant's secret."""
+    """``sha256=<hex>``: HMAC-SHA256 of the exact body bytes with the tenant's secret (no
+    timestamp: the older header, kept beside the Standard Webhooks ones)."""
     digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return f"sha256={digest}"
+
+
+def signed_headers(*, secret: str, message_id: str, body: bytes) -> dict[str, str]:
+    """Both signatures of one message, timestamped now (the escalation webhook's too)."""
+    return {
+        SIGNATURE_HEADER: sign(secret, body),
+        **signing.signed_headers(
+            secret=secret, message_id=message_id, timestamp=int(time.time()), body=body
+        ),
+    }
 
 
 class WebhookAdapter:
@@ -58,7 +78,7 @@ class WebhookAdapter:
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": call.idempotency_key,
-            SIGNATURE_HEADER: sign(self.secret, body),
+            **signed_headers(secret=self.secret, message_id=call.idempotency_key, body=body),
         }
         try:
             with http_client() as client:

@@ -4,6 +4,7 @@ retried with backoff, every attempt recorded; a real receiver checks the signatu
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,8 +15,10 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.utils import timezone
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from approvals.callbacks.delivery import deliver, receiver_check
+from approvals.callbacks.registry import secret_encrypt
 from approvals.models import (
     AuditEvent,
     CallbackAttempt,
@@ -23,6 +26,7 @@ from approvals.models import (
     Occurrence,
     RuntimeCallback,
 )
+from approvals.outbound.signing import standard_secret
 from approvals.reviews.decisions import occurrence_reject
 from tests.conftest import Runtime, approve, make_runtime
 
@@ -111,9 +115,14 @@ def test_an_approval_is_pushed_signed_and_recorded(
     assert deliver(str(delivery.pk)).outcome == "delivered"
 
     ((headers, body),) = receiver.received
+    # Standard Webhooks, checked by its reference implementation with the secret as given.
+    assert Webhook(secret).verify(body, headers) == json.loads(body)
+    assert headers["webhook-id"] == headers["X-Console-Delivery"] == str(delivery.pk)
+    assert headers["webhook-timestamp"] == headers["X-Console-Timestamp"]
+    with pytest.raises(WebhookVerificationError):
+        Webhook("whsec_" + "A" * 43 + "=").verify(body, headers)
     assert receiver_check(secret, headers, body)
     assert not receiver_check("whsec_wrong", headers, body)
-    assert headers["X-Console-Delivery"] == str(delivery.pk)
     sent = json.loads(body)
     assert sent["event"] == "approved" and sent["status"] == "approved"
     assert (sent["occurrence_id"], sent["run_id"], sent["client_ref"]) == (
@@ -129,6 +138,51 @@ def test_an_approval_is_pushed_signed_and_recorded(
     # Done is done: a second task for it calls nothing.
     assert deliver(str(delivery.pk)).outcome == "skipped"
     assert len(receiver.received) == 1
+
+
+def old_headers(headers: dict[str, str]) -> dict[str, str]:
+    """What a receiver written before Standard Webhooks looks at."""
+    return {k: v for k, v in headers.items() if not k.lower().startswith("webhook-")}
+
+
+def test_both_signatures_verify_and_a_tampered_body_fails_both(
+    runtime: Runtime, reviewer: Any, receiver: Receiver
+) -> None:
+    secret = register(runtime, receiver.url).json()["secret"]
+    approve(runtime.propose().json()["occurrence_id"], reviewer)
+    deliver(str(CallbackDelivery.objects.get().pk))
+    ((headers, body),) = receiver.received
+    tampered = body.replace(b'"approved"', b'"rejected"')
+
+    # A receiver from before Standard Webhooks checks X-Console-Signature as it did.
+    assert receiver_check(secret, old_headers(headers), body)
+    assert not receiver_check(secret, old_headers(headers), tampered)
+    assert not receiver_check(secret, headers, tampered)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(tampered, headers)
+
+
+def test_a_secret_registered_before_standard_webhooks_still_signs_both(
+    runtime: Runtime, reviewer: Any, receiver: Receiver
+) -> None:
+    """Secrets were minted as whsec_ and URL-safe base64; the registered ones keep working:
+    the old header as before, the standard one under the secret's standard spelling."""
+    register(runtime, receiver.url)
+    while not {"-", "_"} & set(old := "whsec_" + secrets.token_urlsafe(32)):
+        pass  # one that standard base64 cannot read as it is
+    RuntimeCallback.objects.update(secret_encrypted=secret_encrypt(old))
+    approve(runtime.propose().json()["occurrence_id"], reviewer)
+
+    assert deliver(str(CallbackDelivery.objects.get().pk)).outcome == "delivered"
+
+    ((headers, body),) = receiver.received
+    assert receiver_check(old, old_headers(headers), body)
+    assert receiver_check(old, headers, body)
+    spelled = standard_secret(old)
+    assert (
+        spelled == "whsec_" + old.removeprefix("whsec_").replace("-", "+").replace("_", "/") + "="
+    )
+    assert Webhook(spelled).verify(body, headers) == json.loads(body)
 
 
 def test_a_rejection_carries_its_reason(
@@ -319,4 +373,6 @@ def test_a_real_worker_pushes_decisions_and_retries(
         str(the_delivery(occurrence_id=occurrence_id).pk)
     ] * 2
     assert all(receiver_check(secret, h, b) for h, b in receiver.received)
+    for headers, body in receiver.received:
+        Webhook(secret).verify(body, headers)
     assert list(CallbackAttempt.objects.values_list("status_code", flat=True)) == [502, 204]

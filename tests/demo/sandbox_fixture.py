@@ -18,6 +18,7 @@ sandbox_server``, which ruff reports as F401/F811 once a test takes it as an arg
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import signal
@@ -34,6 +35,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk_sandbox_test"
+# The secret the sandbox verifies messages with; the console's MESSAGES_WEBHOOK_SECRET in
+# the tests that send it messages. Spelled as Standard Webhooks spells one.
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"sandbox webhook secret for tests!").decode()
 # Short enough to keep tests quick, longer than the 1 s read timeout tests give their clients.
 HOLD_SECONDS = 2.0
 START_TIMEOUT = 20.0
@@ -49,6 +53,7 @@ class SandboxProcess:
         self.workdir = workdir
         self.data = workdir / "payments.json"
         self.api_key = api_key
+        self.webhook_secret = WEBHOOK_SECRET
         self.hold_seconds = hold_seconds
         self.port = 0
         self.url = ""
@@ -82,6 +87,8 @@ class SandboxProcess:
                     self.api_key,
                     "--hold-seconds",
                     str(self.hold_seconds),
+                    "--webhook-secret",
+                    self.webhook_secret,
                 ],
                 cwd=ROOT,
                 env=env,

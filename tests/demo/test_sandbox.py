@@ -6,14 +6,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from standardwebhooks import Webhook
 
 from tests.demo import sandbox_fixture
-from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
+from tests.demo.sandbox_fixture import WEBHOOK_SECRET, SandboxProcess, start_sandbox
 
 # Imported under its own name so every test here can ask for it.
 sandbox_server = sandbox_fixture.sandbox_server
@@ -44,15 +46,28 @@ def refund(
     return client.post("/v1/refunds", json=REFUND if body is None else body, headers=headers)
 
 
-def message(client: httpx.Client, text: str = "hello", key: str = "msg-key") -> httpx.Response:
+def message(
+    client: httpx.Client,
+    text: str = "hello",
+    key: str = "msg-key",
+    *,
+    secret: str = WEBHOOK_SECRET,
+    sent_at: datetime | None = None,
+) -> httpx.Response:
+    """A message signed as Standard Webhooks signs one, by the package itself."""
     # Bytes, not json=: the test checks that the receiver keeps exactly what was sent.
+    body = b'{"text": "%s"}' % text.encode()
+    sent_at = sent_at or datetime.now(UTC)
     return client.post(
         "/v1/messages",
-        content=b'{"text": "%s"}' % text.encode(),
+        content=body,
         headers={
             "Content-Type": "application/json",
             "Idempotency-Key": key,
             "X-Signature": "sha256=abc",
+            "webhook-id": key,
+            "webhook-timestamp": str(int(sent_at.timestamp())),
+            "webhook-signature": Webhook(secret).sign(key, sent_at, body),
         },
     )
 
@@ -191,6 +206,29 @@ def test_messages_are_recorded_as_received_and_not_deduped(
     assert held[0]["body"] == {"text": "hello"}
     assert held[0]["raw_body"] == '{"text": "hello"}'
     assert (held[0]["idempotency_key"], held[0]["signature"]) == ("msg-key", "sha256=abc")
+    assert held[0]["webhook_id"] == "msg-key"
+
+
+@pytest.mark.parametrize(
+    ("secret", "age", "why"),
+    [
+        ("whsec_" + "A" * 43 + "=", timedelta(0), "No matching signature found"),
+        (WEBHOOK_SECRET, timedelta(minutes=6), "Message timestamp too old"),
+        (WEBHOOK_SECRET, timedelta(minutes=-6), "Message timestamp too new"),
+    ],
+    ids=["another-secret", "replayed-later", "from-the-future"],
+)
+def test_a_message_whose_signature_does_not_verify_is_refused(
+    sandbox_server: SandboxProcess, secret: str, age: timedelta, why: str
+) -> None:
+    with httpx.Client(base_url=sandbox_server.url, timeout=TIMEOUT) as client:
+        refused = message(client, secret=secret, sent_at=datetime.now(UTC) - age)
+        unsigned = client.post("/v1/messages", content=b"{}", headers={"X-Signature": "x"})
+
+    assert refused.status_code == 401
+    assert refused.json()["error"] == {"code": "invalid_signature", "message": why}
+    assert unsigned.status_code == 401
+    assert sandbox_server.messages() == []
 
 
 # -- auth ----------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ def test_the_simulated_agent_walks_every_path_and_never_prints_a_token(
         settings.PAYMENTS_URL = sandbox.url
         settings.PAYMENTS_API_KEY = sandbox.api_key
         settings.MESSAGES_WEBHOOK_URL = f"{sandbox.url}/v1/messages"
+        settings.MESSAGES_WEBHOOK_SECRET = sandbox.webhook_secret
         # The sandbox holds a timed-out answer 2 s; give up on it after 1 s.
         settings.ADAPTER_READ_TIMEOUT = 1.0
 

@@ -35,6 +35,7 @@ def remote(sandbox: SandboxProcess, settings: Any) -> SandboxProcess:
     settings.PAYMENTS_URL = sandbox.url
     settings.PAYMENTS_API_KEY = sandbox.api_key
     settings.MESSAGES_WEBHOOK_URL = f"{sandbox.url}/v1/messages"
+    settings.MESSAGES_WEBHOOK_SECRET = sandbox.webhook_secret
     settings.ADAPTER_READ_TIMEOUT = 1.0
     return sandbox
 

@@ -126,11 +126,28 @@ def test_a_message_is_signed_with_the_tenant_secret(
     command = claim_command(runtime, reviewer, "send_message")
     command_dispatch(command_id=command.pk)
 
+    # The sandbox accepted it after verifying its Standard Webhooks signature.
     [message] = remote.messages()
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    assert message["webhook_id"] == command.idempotency_key
+    # The older header, an HMAC of the body alone, is still sent for older receivers.
     body = json.dumps(message["body"], sort_keys=True, separators=(",", ":")).encode()
     expected = hmac.new(settings.MESSAGES_WEBHOOK_SECRET.encode(), body, hashlib.sha256)
     assert message["signature"] == f"sha256={expected.hexdigest()}"
     assert message["idempotency_key"] == command.idempotency_key
+
+
+def test_a_message_signed_with_another_secret_is_refused_by_the_receiver(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, settings: Any
+) -> None:
+    settings.MESSAGES_WEBHOOK_SECRET = "whsec_" + "B" * 43 + "="
+    command = claim_command(runtime, reviewer, "send_message")
+
+    command_dispatch(command_id=command.pk)
+
+    assert remote.messages() == []
+    assert [r["status"] for r in writes(remote)] == [401]
 
 
 def test_a_declined_refund_is_rejected_and_not_retried(

@@ -24,8 +24,6 @@ from tests.reconciliation.conftest import claim_command
 
 pytestmark = pytest.mark.django_db
 
-SECRET = "whsec_escalation"
-
 
 def unknown_for(runtime: Runtime, reviewer: Any, remote: SandboxProcess, minutes: int) -> Command:
     command = claim_command(runtime, reviewer, "send_message")
@@ -39,12 +37,15 @@ def unknown_for(runtime: Runtime, reviewer: Any, remote: SandboxProcess, minutes
 
 
 @pytest.fixture
-def policy(tenant: Any, remote: SandboxProcess) -> EscalationPolicy:
+def policy(tenant: Any, remote: SandboxProcess, settings: Any) -> EscalationPolicy:
+    # The sandbox listens on loopback, which only an operator's setting lets the
+    # escalation webhook reach (as a callback).
+    settings.CALLBACK_ALLOW_PRIVATE_HOSTS = True
     return EscalationPolicy.objects.create(
         tenant=tenant,
         after_minutes=30,
         webhook_url=f"{remote.url}/v1/messages",
-        secret_encrypted=encrypt(SECRET),
+        secret_encrypted=encrypt(remote.webhook_secret),
         email="oncall@example.com",
     )
 
@@ -65,7 +66,12 @@ def test_an_item_past_the_threshold_is_escalated_once_signed(
     assert body["link"] == (
         f"https://console.example.com/operations/occurrences/{command.occurrence_id}/"
     )
-    expected = hmac.new(SECRET.encode(), message["raw_body"].encode(), hashlib.sha256)
+    # Accepted by the sandbox, which verified its Standard Webhooks signature; the older
+    # header is still there.
+    assert message["webhook_id"] == f"escalation-{Escalation.objects.get().pk}"
+    expected = hmac.new(
+        remote.webhook_secret.encode(), message["raw_body"].encode(), hashlib.sha256
+    )
     assert message["signature"] == f"sha256={expected.hexdigest()}"
     assert json.loads(message["raw_body"]) == body
     [email] = mail.outbox
@@ -104,3 +110,17 @@ def test_a_failed_delivery_is_tried_again_on_the_next_run(
         .values_list("decision", flat=True)
     )
     assert decisions == ["failed", "delivered"]
+
+
+def test_a_private_address_is_not_called_unless_the_operator_allows_it(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy, settings: Any
+) -> None:
+    settings.CALLBACK_ALLOW_PRIVATE_HOSTS = False
+    unknown_for(runtime, reviewer, remote, minutes=45)
+
+    assert escalations_run() == 0
+
+    assert remote.requests() == [] and remote.messages() == []
+    escalation = Escalation.objects.get()
+    assert escalation.delivered is False
+    assert escalation.detail.startswith("webhook failed: ConnectError")

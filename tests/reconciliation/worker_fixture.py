@@ -43,6 +43,7 @@ from tests.demo.sandbox_fixture import ROOT, SandboxProcess
 
 CELERY = ROOT / ".venv" / "bin" / "celery"
 QUEUE = "celery"
+CALLBACKS_QUEUE = "callbacks"
 # kombu's Redis transport keeps a delivered, unacknowledged message in these keys.
 UNACKED = "unacked"
 UNACKED_INDEX = "unacked_index"
@@ -249,6 +250,7 @@ class Workers:
                 "PAYMENTS_URL": sandbox.url,
                 "PAYMENTS_API_KEY": sandbox.api_key,
                 "MESSAGES_WEBHOOK_URL": f"{sandbox.url}/v1/messages",
+                "MESSAGES_WEBHOOK_SECRET": sandbox.webhook_secret,
                 "ADAPTER_READ_TIMEOUT": "1",
                 "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
                 "PYTHONUNBUFFERED": "1",
@@ -260,8 +262,16 @@ class Workers:
         env.update({key: str(value) for key, value in extra.items()})
         return env
 
-    def start(self, sandbox: SandboxProcess, *, concurrency: int = 1, **env: Any) -> CeleryProcess:
-        """A worker; ``env`` adds to (or overrides) its environment, e.g.
+    def start(
+        self,
+        sandbox: SandboxProcess,
+        *,
+        concurrency: int = 1,
+        queues: tuple[str, ...] = (QUEUE, CALLBACKS_QUEUE),
+        **env: Any,
+    ) -> CeleryProcess:
+        """A worker of ``queues`` (commands and callbacks, as a deployment consumes both);
+        ``env`` adds to (or overrides) its environment, e.g.
         ``RECONCILIATION_CRASH_AT="after_call"`` or ``CELERY_VISIBILITY_TIMEOUT=1``."""
         name = f"worker{len(self.processes) + 1}"
         argv = [
@@ -276,7 +286,7 @@ class Workers:
             "--prefetch-multiplier",
             "1",
             "-Q",
-            QUEUE,
+            ",".join(queues),
             "--without-heartbeat",
             "--without-gossip",
             "--without-mingle",

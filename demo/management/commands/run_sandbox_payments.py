@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from demo.sandbox import (
     DEFAULT_API_KEY,
     DEFAULT_HOLD_SECONDS,
+    DEFAULT_WEBHOOK_SECRET,
     default_data_path,
     serve,
 )
@@ -36,6 +37,12 @@ class Command(BaseCommand):
             help="Bearer key /v1/refunds accepts (default: $PAYMENTS_API_KEY or sk_sandbox).",
         )
         parser.add_argument(
+            "--webhook-secret",
+            default=os.environ.get("MESSAGES_WEBHOOK_SECRET") or DEFAULT_WEBHOOK_SECRET,
+            help="The secret /v1/messages verifies each message's Standard Webhooks "
+            "signature with (default: $MESSAGES_WEBHOOK_SECRET or whsec_sandbox).",
+        )
+        parser.add_argument(
             "--hold-seconds",
             type=float,
             default=DEFAULT_HOLD_SECONDS,
@@ -53,5 +60,6 @@ class Command(BaseCommand):
             data_path=options["data"],
             api_key=options["api_key"],
             hold_seconds=options["hold_seconds"],
+            webhook_secret=options["webhook_secret"],
             on_listening=announce,
         )

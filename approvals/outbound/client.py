@@ -1,0 +1,231 @@
+"""The HTTP client for every call the console makes out: callbacks, the escalation webhook
+and the adapters' calls.
+
+Each call is bounded three ways, so that no receiver holds a worker:
+
+- per operation: a connect timeout (``ADAPTER_CONNECT_TIMEOUT``) and a read and write
+  timeout (``ADAPTER_READ_TIMEOUT``), as before;
+- in total: ``OUTBOUND_DEADLINE_SECONDS`` from the start of the request to the last byte
+  of its answer. A receiver that drips a byte every few seconds never trips a read
+  timeout; every read and write here is given at most what is left of the deadline;
+- in size: at most ``OUTBOUND_MAX_RESPONSE_BYTES`` of the answer's body are read; a
+  larger answer fails the call (``ResponseTooLarge``) instead of filling the worker's memory.
+
+With ``public_only`` (callbacks and escalation, unless ``CALLBACK_ALLOW_PRIVATE_HOSTS``)
+the name is resolved when the connection is made, every address it resolves to must be
+public (``approvals.outbound.addresses``), and the connection goes to the address that was
+checked, never to a second answer of the resolver: a refusal is an ``httpx.ConnectError``
+(nothing was sent). Environment proxies (``HTTP_PROXY``) are not used: the address checked
+must be the one connected to.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import typing
+
+import httpcore
+import httpx
+from django.conf import settings
+
+from approvals.outbound import addresses as network
+
+
+class ResponseTooLarge(httpx.ReadError):
+    """The answer's body was longer than ``OUTBOUND_MAX_RESPONSE_BYTES``."""
+
+
+PASSED = "the call's total deadline (OUTBOUND_DEADLINE_SECONDS) passed"
+
+T = typing.TypeVar("T")
+
+
+class _Deadline(threading.local):
+    """When the current request of this client must be over (per thread: a client may be
+    shared, a request is not)."""
+
+    at: float = math.inf
+
+    def bound(
+        self,
+        operation: typing.Callable[[float], T],
+        timeout: float | None,
+        expired: type[Exception],
+    ) -> T:
+        """``operation(timeout)`` with ``timeout`` shortened to what is left of the
+        deadline; ``expired`` (saying so) when that is what ended it."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise expired(PASSED)
+        try:
+            return operation(left if timeout is None else min(timeout, left))
+        except expired:
+            if time.monotonic() >= self.at:
+                raise expired(PASSED) from None
+            raise
+
+
+class _Stream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: _Deadline) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._deadline.bound(
+            lambda left: self._inner.read(max_bytes, left), timeout, httpcore.ReadTimeout
+        )
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._deadline.bound(
+            lambda left: self._inner.write(buffer, left), timeout, httpcore.WriteTimeout
+        )
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: typing.Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        tls = self._deadline.bound(
+            lambda left: self._inner.start_tls(ssl_context, server_hostname, left),
+            timeout,
+            httpcore.ConnectTimeout,
+        )
+        return _Stream(tls, self._deadline)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore.NetworkBackend):
+    """Where httpcore resolves a name and connects: here the address is checked and the
+    connection made to that very address."""
+
+    def __init__(self, *, public_only: bool, deadline: _Deadline) -> None:
+        self._inner = httpcore.SyncBackend()
+        self._public_only = public_only
+        self._deadline = deadline
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            found = network.resolve(host, port)
+        except (OSError, UnicodeError, ValueError) as exc:
+            raise httpcore.ConnectError(f"{host} does not resolve: {exc}") from exc
+        if self._public_only:
+            refused = [address for address in found if not network.is_public(address)]
+            if refused:
+                raise httpcore.ConnectError(
+                    f"{host} resolves to {refused[0]}, not a public address "
+                    "(CALLBACK_ALLOW_PRIVATE_HOSTS is off): not called"
+                )
+        failure: Exception = httpcore.ConnectError(f"{host} resolves to no address")
+        for address in found:
+
+            def connect(left: float, address: str = str(address)) -> httpcore.NetworkStream:
+                return self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=left,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+
+            try:
+                stream = self._deadline.bound(connect, timeout, httpcore.ConnectTimeout)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+                continue
+            return _Stream(stream, self._deadline)
+        raise failure
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        raise httpcore.ConnectError("the console calls out over TCP only")
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class _Capped(httpx.SyncByteStream):
+    def __init__(self, inner: httpx.SyncByteStream, limit: int, request: httpx.Request) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._request = request
+
+    def __iter__(self) -> typing.Iterator[bytes]:
+        read = 0
+        for chunk in self._inner:
+            read += len(chunk)
+            if read > self._limit:
+                raise ResponseTooLarge(
+                    f"the answer is larger than {self._limit} bytes "
+                    "(OUTBOUND_MAX_RESPONSE_BYTES): not read further",
+                    request=self._request,
+                )
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class OutboundTransport(httpx.HTTPTransport):
+    def __init__(self, *, public_only: bool, deadline_seconds: float, max_bytes: int) -> None:
+        super().__init__()
+        self._deadline = _Deadline()
+        self._deadline_seconds = deadline_seconds
+        self._max_bytes = max_bytes
+        # httpx takes no network backend (where httpcore resolves names and connects), and
+        # its pool is private: the pool it built is given this one, through the attribute
+        # httpcore's own network_backend parameter sets. tests/approvals/
+        # test_outbound_client.py fails if a release of either stops using it.
+        self._pool._network_backend = _Backend(public_only=public_only, deadline=self._deadline)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self._deadline.at = time.monotonic() + self._deadline_seconds
+        response = super().handle_request(request)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_bytes:
+            response.close()
+            raise ResponseTooLarge(
+                f"the answer declares {declared} bytes, more than {self._max_bytes} "
+                "(OUTBOUND_MAX_RESPONSE_BYTES): not read",
+                request=request,
+            )
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream = _Capped(response.stream, self._max_bytes, request)
+        return response
+
+
+def outbound_client(*, public_only: bool) -> httpx.Client:
+    """A client for one outbound call (or a few, one after another), with the settings'
+    timeouts, deadline and size cap; redirects are not followed."""
+    timeout = httpx.Timeout(
+        connect=settings.ADAPTER_CONNECT_TIMEOUT,
+        read=settings.ADAPTER_READ_TIMEOUT,
+        write=settings.ADAPTER_READ_TIMEOUT,
+        pool=settings.ADAPTER_CONNECT_TIMEOUT,
+    )
+    transport = OutboundTransport(
+        public_only=public_only,
+        deadline_seconds=settings.OUTBOUND_DEADLINE_SECONDS,
+        max_bytes=settings.OUTBOUND_MAX_RESPONSE_BYTES,
+    )
+    return httpx.Client(timeout=timeout, follow_redirects=False, transport=transport)
