@@ -9,6 +9,7 @@ reason; the approval stays consumed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,35 @@ def _lock(command_id: Any) -> Command:
     return command
 
 
-def _refuse_unless(command: Command, action: str) -> None:
+def seen_state(state: str, epoch_number: int) -> str:
+    """What an operator's form says its page showed: the effect and the epoch. Together
+    they change with every move: an accepted ambiguity whose new delivery ends unknown
+    again leaves the same effect in another epoch."""
+    return f"{state}:{epoch_number}"
+
+
+_SEEN_STATE = re.compile(r"[a-z_]{1,32}:[0-9]{1,9}")
+
+
+def _refuse_unless(command: Command, action: str, seen: str | None = None) -> None:
+    """Refuse an action the state no longer allows, or one decided on a page that showed
+    another state (``seen``, from ``seen_state``; None: the caller showed nothing)."""
+    if seen:
+        if not _SEEN_STATE.fullmatch(seen):
+            raise ServiceError(
+                "seen_state_invalid",
+                "The form did not say which state it was shown: reload the page and decide again.",
+                422,
+            )
+        epoch = current_epoch(command).number
+        if seen != seen_state(command.state, epoch):
+            raise Refused(
+                "state_changed",
+                f"Refused: the effect is now {command.get_state_display().lower()} (epoch "
+                f"{epoch}), not what your page showed when you decided. Nothing was "
+                "recorded: look at it as it is now and decide again.",
+                409,
+            )
     if command.state not in ALLOWED_FROM[action]:
         raise Refused(
             "state_changed",
@@ -135,13 +164,15 @@ def _record(
     return decision
 
 
-def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
+def command_query_effect(
+    *, command_id: Any, operator: str, note: str, seen: str | None = None
+) -> Done:
     """Ask the adapter whether the effect exists under the command's key, and record the
     answer as effect evidence: committed (with the receipt), or not found."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.QUERY_EFFECT)
+        _refuse_unless(command, Action.QUERY_EFFECT, seen)
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_query:
             raise ServiceError(
@@ -152,7 +183,7 @@ def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
         invocation = invocation_open(
             command, kind=AdapterInvocation.Kind.QUERY, justification="operator_query"
         )
-        seen = command.state
+        state_asked = command.state
         call = call_of(command)
     # The question goes out outside any transaction, like every adapter call.
     result = adapter.query_effect(call)
@@ -168,7 +199,7 @@ def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
         AdapterInvocation.objects.filter(pk=invocation.pk).update(
             finished_at=db_now(), outcome=outcome, receipt=receipt, detail=detail
         )
-        if command.state != seen:
+        if command.state != state_asked:
             raise Refused(
                 "state_changed",
                 f"The effect changed to {command.get_state_display().lower()} while the "
@@ -219,7 +250,13 @@ def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
 
 
 def command_reconcile(
-    *, command_id: Any, operator: str, note: str, outcome: str, evidence: str
+    *,
+    command_id: Any,
+    operator: str,
+    note: str,
+    outcome: str,
+    evidence: str,
+    seen: str | None = None,
 ) -> Done:
     """Record by hand, with evidence, that the effect is committed or not."""
     note = _require_note(note)
@@ -230,7 +267,7 @@ def command_reconcile(
         raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RECONCILE)
+        _refuse_unless(command, Action.RECONCILE, seen)
         decision = _record(
             command,
             action=Action.RECONCILE,
@@ -254,13 +291,15 @@ def _admit(command: Command, decision: OperatorDecision, operator: str, note: st
     )
 
 
-def command_accept_ambiguity(*, command_id: Any, operator: str, note: str) -> Done:
+def command_accept_ambiguity(
+    *, command_id: Any, operator: str, note: str, seen: str | None = None
+) -> Done:
     """The operator states that a duplicate is possible and accepted: a new epoch is
     admitted, linked to this decision, and the command is delivered again (same key)."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.ACCEPT_AMBIGUITY)
+        _refuse_unless(command, Action.ACCEPT_AMBIGUITY, seen)
         decision = _record(
             command,
             action=Action.ACCEPT_AMBIGUITY,
@@ -277,13 +316,13 @@ def command_accept_ambiguity(*, command_id: Any, operator: str, note: str) -> Do
     )
 
 
-def command_retry(*, command_id: Any, operator: str, note: str) -> Done:
+def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None = None) -> Done:
     """Admit a new epoch where the evidence already justifies it: not sent, rejected before
     execution, or reconciled as not committed."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RETRY)
+        _refuse_unless(command, Action.RETRY, seen)
         if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
             raise Refused(
                 "not_justified",
@@ -303,14 +342,19 @@ def command_retry(*, command_id: Any, operator: str, note: str) -> Done:
 
 
 def command_compensate(
-    *, command_id: Any, operator: str, note: str, manual_evidence: str = ""
+    *,
+    command_id: Any,
+    operator: str,
+    note: str,
+    manual_evidence: str = "",
+    seen: str | None = None,
 ) -> Done:
     """Undo a committed effect: the adapter's compensation (the payments reversal), or a
     compensation done elsewhere and recorded with its evidence."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.COMPENSATE)
+        _refuse_unless(command, Action.COMPENSATE, seen)
         if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
             raise Refused(
                 "not_committed",
@@ -354,7 +398,7 @@ def command_compensate(
         invocation = invocation_open(
             command, kind=AdapterInvocation.Kind.COMPENSATE, justification="operator_compensation"
         )
-        seen = command.state
+        state_asked = command.state
         call = call_of(command)
     result = adapter.compensate(call, receipt)
     with transaction.atomic():
@@ -370,7 +414,7 @@ def command_compensate(
             or getattr(result, "why", "")
             or getattr(result, "reason", ""),
         )
-        if command.state != seen:
+        if command.state != state_asked:
             raise Refused(
                 "state_changed",
                 f"The effect changed to {command.get_state_display().lower()} meanwhile; the "

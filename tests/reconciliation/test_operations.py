@@ -3,6 +3,7 @@ with the new state shown when the state no longer allows it."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -465,3 +466,72 @@ def test_the_queue_asks_only_for_the_rows_of_reasons_with_items(
     ]
     assert len([sql for sql in rows if 'FROM "approvals_approval"' in sql]) == 1
     assert not [sql for sql in rows if sql.startswith('SELECT "approvals_command".')]
+
+
+# --- the state a decision was made on ----------------------------------------------------------
+
+_SEEN_STATE = re.compile(r'name="seen_state" value="([^"]*)"')
+
+
+def shown_state(client: Client, command: Command) -> str:
+    page = client.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    values = set(_SEEN_STATE.findall(page))
+    assert len(values) == 1, "every decision's form names the state the page shows"
+    return values.pop()
+
+
+def test_a_decision_made_on_a_page_another_decision_overtook_is_refused(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, tenant: Any
+) -> None:
+    """Both operators see the outcome unknown. The first accepts the ambiguity, and the new
+    delivery ends unknown again: the same effect, in another epoch. The second's reconcile,
+    decided on the old page, is refused and the page shows what is there now."""
+    command = unknown_message(runtime, reviewer, remote)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    seen = shown_state(ops, command)
+    assert seen == shown_state(second, command) == "outcome_unknown:1"
+
+    accepted = act(ops, command, "accept-ambiguity", seen_state=seen)
+    assert accepted.status_code == 302
+    remote.fault("timeout_after_effect")
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+
+    late = act(
+        second, command, "reconcile", outcome="not_committed", evidence="no mail", seen_state=seen
+    )
+
+    assert late.status_code == 409
+    page = late.content.decode()
+    assert "Refused: the effect is now outcome unknown (epoch 2), not what your page showed" in page
+    assert shown_state(second, command) == "outcome_unknown:2", "the page as it is now"
+    assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["accept_ambiguity"]
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+
+
+def test_a_decision_on_the_state_shown_goes_through_and_an_unreadable_one_is_422(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+
+    unreadable = act(
+        ops, command, "reconcile", outcome="committed", evidence="m", seen_state="x' or 1=1"
+    )
+    assert unreadable.status_code == 422
+    assert "did not say which state it was shown" in unreadable.content.decode()
+
+    response = act(
+        ops,
+        command,
+        "reconcile",
+        outcome="committed",
+        evidence="msg_1",
+        seen_state=shown_state(ops, command),
+    )
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.RECONCILED
