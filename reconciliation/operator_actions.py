@@ -17,12 +17,12 @@ from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
 from approvals.errors import ServiceError
-from approvals.models import Command, Epoch, Occurrence
+from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, invocation_open
-from reconciliation.epochs import epoch_admit, last_finding
+from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 State = Command.State
@@ -59,16 +59,7 @@ def _require_note(note: str) -> str:
 
 
 def _lock(command_id: Any) -> Command:
-    """Lock the occurrence, then the command: the order every epoch admission takes, so
-    that an operator's decision and a runtime's epoch request never deadlock."""
-    occurrence_id = Command.objects.filter(pk=command_id).values("occurrence_id")
-    Occurrence.objects.select_for_update(of=("self",)).filter(pk__in=occurrence_id).first()
-    command = (
-        Command.objects.select_for_update(of=("self",))
-        .select_related("occurrence__tool", "approval__proposal")
-        .filter(pk=command_id)
-        .first()
-    )
+    command = command_lock(command_id)
     if command is None:
         raise ServiceError("not_found", "No such command.", 404)
     return command
