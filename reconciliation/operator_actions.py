@@ -10,6 +10,7 @@ reason; the approval stays consumed.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,8 @@ from approvals.errors import ServiceError
 from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
-from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
-from reconciliation.dispatch import call_of, current_epoch, invocation_open
+from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
+from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
@@ -103,6 +104,63 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
         )
 
 
+def _detail(result: Any) -> str:
+    if isinstance(result, Rejected):
+        return result.reason
+    if isinstance(result, Unknown):
+        return result.why
+    return str(getattr(result, "detail", ""))
+
+
+def _answer_keep(invocation: AdapterInvocation, result: Any) -> None:
+    """Record an operator's call's answer on its invocation. A row closed meanwhile (a
+    delivery found it unfinished and gave it up) keeps that outcome; the answer is added
+    to its detail, as a worker's late result is."""
+    receipt = result.receipt[:200] if isinstance(result, Committed) else ""
+    open_row = AdapterInvocation.objects.filter(pk=invocation.pk, finished_at__isnull=True)
+    closed = open_row.update(
+        finished_at=db_now(),
+        outcome=outcome_of(result),
+        receipt=receipt,
+        detail=_detail(result),
+    )
+    if not closed:
+        fresh = AdapterInvocation.objects.get(pk=invocation.pk)
+        late = f"the answer arrived after the call was given up: {describe(result)}"
+        AdapterInvocation.objects.filter(pk=invocation.pk).update(
+            detail=(fresh.detail + "; " if fresh.detail else "") + late,
+            receipt=fresh.receipt or receipt,
+        )
+
+
+def _after_call(
+    command_id: Any,
+    invocation: AdapterInvocation,
+    result: Any,
+    decide: Callable[[Command], Done],
+) -> Done:
+    """The last phase of an operator's call: under the command's lock, the answer recorded
+    on its invocation, then ``decide``. A refusal ``decide`` raises (the effect moved
+    meanwhile, the remote did not confirm) takes back only its own writes and is raised
+    after the answer is committed: the answer is kept, as the refusal says, and no row is
+    left open for a later delivery to close as abandoned ("its worker died").
+
+    One transaction for both, not the answer first on its own: a call that looked finished
+    while its effect was still undecided would let a second compensation through."""
+    refusal: ServiceError | None = None
+    with transaction.atomic():
+        command = _lock(command_id)
+        _answer_keep(invocation, result)
+        try:
+            with transaction.atomic():
+                done = decide(command)
+        except ServiceError as exc:
+            refusal = exc
+    if refusal is not None:
+        raise refusal
+    return done
+
+
 def _record(
     command: Command,
     *,
@@ -178,18 +236,8 @@ def command_query_effect(
         call = call_of(command)
     # The question goes out outside any transaction, like every adapter call.
     result = adapter.query_effect(call)
-    with transaction.atomic():
-        command = _lock(command_id)
-        outcome = {
-            Committed: AdapterInvocation.Outcome.COMMITTED,
-            NotFound: AdapterInvocation.Outcome.NOT_FOUND,
-            Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
-        }.get(type(result), AdapterInvocation.Outcome.OUTCOME_UNKNOWN)
-        receipt = result.receipt if isinstance(result, Committed) else ""
-        detail = getattr(result, "detail", "") or getattr(result, "why", "")
-        AdapterInvocation.objects.filter(pk=invocation.pk).update(
-            finished_at=db_now(), outcome=outcome, receipt=receipt, detail=detail
-        )
+
+    def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
                 "state_changed",
@@ -197,6 +245,8 @@ def command_query_effect(
                 "adapter was asked; its answer is kept on the invocation, nothing else.",
                 409,
             )
+        receipt = result.receipt if isinstance(result, Committed) else ""
+        detail = _detail(result)
         if isinstance(result, Committed):
             decision = _record(
                 command,
@@ -225,19 +275,18 @@ def command_query_effect(
                 "The adapter has no effect under this key: reconciled as not committed. "
                 "A retry is now justified.",
             )
-        why = result.why if isinstance(result, Unknown) else getattr(result, "detail", "")
-        if isinstance(result, Rejected):
-            why = result.reason
         decision = _record(
             command,
             action=Action.QUERY_EFFECT,
             operator=operator,
             note=note,
             state_after=command.state,
-            evidence=why,
-            data={"invocation": invocation.number, "answer": why},
+            evidence=detail,
+            data={"invocation": invocation.number, "answer": detail},
         )
-        return Done(decision, f"The adapter could not tell: {why}. Nothing changed.")
+        return Done(decision, f"The adapter could not tell: {detail}. Nothing changed.")
+
+    return _after_call(command_id, invocation, result, decide)
 
 
 def command_reconcile(
@@ -392,19 +441,8 @@ def command_compensate(
         state_asked = command.state
         call = call_of(command)
     result = adapter.compensate(call, receipt)
-    with transaction.atomic():
-        command = _lock(command_id)
-        done = isinstance(result, Committed)
-        AdapterInvocation.objects.filter(pk=invocation.pk).update(
-            finished_at=db_now(),
-            outcome=AdapterInvocation.Outcome.COMMITTED
-            if done
-            else (AdapterInvocation.Outcome.OUTCOME_UNKNOWN),
-            receipt=result.receipt if isinstance(result, Committed) else "",
-            detail=getattr(result, "detail", "")
-            or getattr(result, "why", "")
-            or getattr(result, "reason", ""),
-        )
+
+    def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
                 "state_changed",
@@ -412,12 +450,14 @@ def command_compensate(
                 "adapter's answer is kept on the invocation.",
                 409,
             )
-        if not done:
-            why = getattr(result, "why", "") or getattr(result, "reason", "")
+        if not isinstance(result, Committed):
             raise ServiceError(
-                "compensation_failed", f"The adapter did not confirm the reversal: {why}", 409
+                "compensation_failed",
+                f"The adapter did not confirm the reversal: {_detail(result)}. Its answer is "
+                "kept on the invocation; the effect is still "
+                f"{command.get_state_display().lower()}.",
+                409,
             )
-        assert isinstance(result, Committed)
         decision = _record(
             command,
             action=Action.COMPENSATE,
@@ -428,4 +468,8 @@ def command_compensate(
             state_after=State.COMPENSATED,
             data={"method": "adapter", "reversal": result.receipt, "of": receipt},
         )
-    return Done(decision, f"Compensated by the adapter: reversal {result.receipt} of {receipt}.")
+        return Done(
+            decision, f"Compensated by the adapter: reversal {result.receipt} of {receipt}."
+        )
+
+    return _after_call(command_id, invocation, result, decide)

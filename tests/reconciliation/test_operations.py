@@ -14,8 +14,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Command, Epoch, Membership, ToolContract
+from reconciliation.adapters.payments import PaymentsAdapter
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
+from reconciliation.operator_actions import command_accept_ambiguity
 from reconciliation.selectors import queue as queue_selectors
 from reconciliation.selectors.queue import Reason, _queue_querysets, queue_counts
 from tests.conftest import PASSWORD, Runtime, approve, make_user
@@ -466,6 +468,93 @@ def test_the_queue_asks_only_for_the_rows_of_reasons_with_items(
     ]
     assert len([sql for sql in rows if 'FROM "approvals_approval"' in sql]) == 1
     assert not [sql for sql in rows if sql.startswith('SELECT "approvals_command".')]
+
+
+# --- what an operator's call keeps when its decision is refused -----------------------------
+
+
+def _refund_sent_by_a_worker_that_died(runtime: Runtime, reviewer: Any, remote: Any) -> Command:
+    """A refund whose delivery died after phase 1 while the remote made the refund."""
+    command = claim_command(runtime, reviewer)
+    begin(command_id=command.pk)
+    remote.client.post(
+        "/v1/refunds",
+        json={"payment_id": "pay_123", "amount_minor": 8000, "currency": "EUR", "reason": "x"},
+        headers={
+            "Authorization": f"Bearer {remote.api_key}",
+            "Idempotency-Key": command.idempotency_key,
+        },
+    )
+    return command
+
+
+def test_a_query_answer_that_arrives_after_the_state_moved_is_kept_on_its_invocation(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another operator accepts the ambiguity while the adapter is asked: the query's
+    decision is refused, but its answer stays on its invocation, finished, and the next
+    delivery does not close it as abandoned by a dead worker."""
+    command = _refund_sent_by_a_worker_that_died(runtime, reviewer, remote)
+    [refund] = remote.refunds()
+    real_query = PaymentsAdapter.query_effect
+
+    def meanwhile(adapter: PaymentsAdapter, call: Any) -> Any:
+        answer = real_query(adapter, call)
+        command_accept_ambiguity(command_id=command.pk, operator="oona", note="resend it")
+        return answer
+
+    monkeypatch.setattr(PaymentsAdapter, "query_effect", meanwhile)
+
+    response = act(ops, command, "query-effect")
+
+    assert response.status_code == 409
+    assert "its answer is kept on the invocation" in response.content.decode()
+    query = AdapterInvocation.objects.get(command=command, justification="operator_query")
+    assert query.finished_at is not None
+    assert (query.outcome, query.receipt) == ("committed", refund["id"])
+    assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["accept_ambiguity"]
+
+    command_dispatch(command_id=command.pk)  # the accepted epoch's delivery
+
+    query.refresh_from_db()
+    assert (query.outcome, query.receipt) == ("committed", refund["id"]), "not abandoned"
+    dead = AdapterInvocation.objects.get(command=command, number=1)
+    assert dead.outcome == "abandoned", "the call whose worker did die"
+
+
+def test_a_reversal_the_remote_refused_keeps_its_answer_and_leaves_nothing_open(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    remote.fault("declined")
+
+    refused = act(ops, command, "compensate", note="refunded twice by hand")
+
+    assert refused.status_code == 409
+    failed = AdapterInvocation.objects.get(command=command, kind="compensate")
+    assert failed.finished_at is not None
+    assert failed.outcome == "rejected" and "402 declined" in failed.detail
+    page = refused.content.decode()
+    assert "The adapter did not confirm the reversal: 402 declined" in page
+    assert "the effect is still committed" in page
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    assert not OperatorDecision.objects.exists()
+
+    again = act(ops, command, "compensate", note="the processor is back")
+
+    assert again.status_code == 302, "no call left open blocks the next compensation"
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+    calls = AdapterInvocation.objects.filter(command=command, kind="compensate")
+    assert [(c.number, c.outcome) for c in calls] == [(2, "rejected"), (3, "committed")]
+    [refund] = remote.refunds()
+    assert refund["status"] == "reversed"
 
 
 # --- the state a decision was made on ----------------------------------------------------------
