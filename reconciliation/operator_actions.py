@@ -12,8 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
@@ -29,6 +31,11 @@ from reconciliation.models import AdapterInvocation, OperatorDecision
 State = Command.State
 Action = OperatorDecision.Action
 Finding = OperatorDecision.Finding
+Outcome = AdapterInvocation.Outcome
+
+# Invocations whose receipt names the effect under the command's key (a compensation's
+# names its reversal).
+_EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
 
 # Where each action may start from. A state outside its set means another operator (or the
 # worker) got there first: the action is refused and the page shows the new state.
@@ -114,8 +121,8 @@ def _detail(result: Any) -> str:
 
 def _answer_keep(invocation: AdapterInvocation, result: Any) -> None:
     """Record an operator's call's answer on its invocation. A row closed meanwhile (a
-    delivery found it unfinished and gave it up) keeps that outcome; the answer is added
-    to its detail, as a worker's late result is."""
+    delivery, or a later compensation, found it unfinished and gave it up) keeps that
+    outcome; the answer is added to its detail, as a worker's late result is."""
     receipt = result.receipt[:200] if isinstance(result, Committed) else ""
     open_row = AdapterInvocation.objects.filter(pk=invocation.pk, finished_at__isnull=True)
     closed = open_row.update(
@@ -159,6 +166,46 @@ def _after_call(
     if refusal is not None:
         raise refusal
     return done
+
+
+# What is known of a compensation call found unfinished past OPERATIONS_STUCK_SECONDS: the
+# request that made it is gone (a web request lives no longer than the server's timeout).
+_COMPENSATION_GIVEN_UP = (
+    "a later compensation found this call unfinished: the request that made it died; "
+    "whether the remote reversed the effect is what its records say"
+)
+
+
+def _refuse_while_compensating(command: Command) -> None:
+    """One compensation call at a time: while an adapter compensation of the command is
+    out, another (by the adapter or by hand) is refused with the state as it stands. Its
+    open invocation row, committed before the call, is what says so, as ``sending`` does
+    for a delivery; the effect itself stays what it is (committed) until the answer.
+
+    A row older than ``OPERATIONS_STUCK_SECONDS`` belongs to a request that died: it is
+    closed as abandoned, so that the effect can still be compensated."""
+    call = (
+        AdapterInvocation.objects.filter(
+            command=command, kind=AdapterInvocation.Kind.COMPENSATE, finished_at__isnull=True
+        )
+        .order_by("-number")
+        .first()
+    )
+    if call is None:
+        return
+    now = db_now()
+    if call.started_at > now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS):
+        raise Refused(
+            "compensation_in_progress",
+            "Refused: a compensation of this effect is already in progress (invocation "
+            f"{call.number}, started {call.started_at.astimezone(UTC):%H:%M:%S} UTC); its "
+            "answer will show here. The effect is still "
+            f"{command.get_state_display().lower()}. Nothing was recorded.",
+            409,
+        )
+    AdapterInvocation.objects.filter(pk=call.pk, finished_at__isnull=True).update(
+        finished_at=now, outcome=Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
+    )
 
 
 def _record(
@@ -390,7 +437,8 @@ def command_compensate(
     seen: str | None = None,
 ) -> Done:
     """Undo a committed effect: the adapter's compensation (the payments reversal), or a
-    compensation done elsewhere and recorded with its evidence."""
+    compensation done elsewhere and recorded with its evidence. One at a time: while the
+    adapter is asked, every other compensation is refused (``_refuse_while_compensating``)."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
@@ -401,6 +449,7 @@ def command_compensate(
                 "The effect was reconciled as not committed: there is nothing to compensate.",
                 409,
             )
+        _refuse_while_compensating(command)
         if manual_evidence.strip():
             decision = _record(
                 command,
@@ -421,8 +470,9 @@ def command_compensate(
                 "its evidence.",
                 409,
             )
+        # The effect's receipt: an execution's or an effect query's, never a reversal's.
         receipt = (
-            AdapterInvocation.objects.filter(command=command)
+            AdapterInvocation.objects.filter(command=command, kind__in=_EFFECT_KINDS)
             .exclude(receipt="")
             .order_by("-number")
             .values_list("receipt", flat=True)
@@ -435,6 +485,7 @@ def command_compensate(
                 "reverse: record a manual compensation.",
                 409,
             )
+        # Committed before the call: the compensation in progress, for every other one.
         invocation = invocation_open(
             command, kind=AdapterInvocation.Kind.COMPENSATE, justification="operator_compensation"
         )

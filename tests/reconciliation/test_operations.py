@@ -473,6 +473,10 @@ def test_the_queue_asks_only_for_the_rows_of_reasons_with_items(
 # --- what an operator's call keeps when its decision is refused -----------------------------
 
 
+def _reversals(remote: SandboxProcess) -> list[dict[str, Any]]:
+    return [r for r in remote.requests() if r["path"].endswith("/reversal")]
+
+
 def _refund_sent_by_a_worker_that_died(runtime: Runtime, reviewer: Any, remote: Any) -> Command:
     """A refund whose delivery died after phase 1 while the remote made the refund."""
     command = claim_command(runtime, reviewer)
@@ -555,6 +559,87 @@ def test_a_reversal_the_remote_refused_keeps_its_answer_and_leaves_nothing_open(
     assert [(c.number, c.outcome) for c in calls] == [(2, "rejected"), (3, "committed")]
     [refund] = remote.refunds()
     assert refund["status"] == "reversed"
+
+
+def test_a_second_compensation_while_one_is_out_is_refused_with_the_state(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    tenant: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    real_compensate = PaymentsAdapter.compensate
+    meanwhile: list[Any] = []
+
+    def while_out(adapter: PaymentsAdapter, call: Any, receipt: str) -> Any:
+        meanwhile.append(act(second, command, "compensate", note="me too"))
+        meanwhile.append(act(second, command, "compensate", manual_evidence="done by phone"))
+        return real_compensate(adapter, call, receipt)
+
+    monkeypatch.setattr(PaymentsAdapter, "compensate", while_out)
+
+    first = act(ops, command, "compensate")
+
+    assert first.status_code == 302
+    for response in meanwhile:
+        assert response.status_code == 409
+        page = response.content.decode()
+        assert "a compensation of this effect is already in progress (invocation 2" in page
+        assert "The effect is still committed. Nothing was recorded." in page
+    assert len(_reversals(remote)) == 1
+    assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["otto"]
+
+
+def test_a_compensation_left_unfinished_by_a_dead_request_is_given_up_and_its_answer_kept(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    tenant: Any,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past OPERATIONS_STUCK_SECONDS an open compensation belongs to a request that died:
+    another operator may compensate. If the first answer still arrives, it is added to the
+    given-up call, and its decision is refused: the effect moved meanwhile."""
+    settings.OPERATIONS_STUCK_SECONDS = 0
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    real_compensate = PaymentsAdapter.compensate
+    meanwhile: list[Any] = []
+    calls = iter(range(2))
+
+    def slow(adapter: PaymentsAdapter, call: Any, receipt: str) -> Any:
+        if next(calls) == 0:  # the first call hangs while the second operator compensates
+            meanwhile.append(act(second, command, "compensate", note="it hangs: again"))
+        return real_compensate(adapter, call, receipt)
+
+    monkeypatch.setattr(PaymentsAdapter, "compensate", slow)
+
+    late = act(ops, command, "compensate")
+
+    assert meanwhile[0].status_code == 302
+    assert late.status_code == 409
+    assert "changed to compensated meanwhile" in late.content.decode()
+    given_up, done = AdapterInvocation.objects.filter(command=command, kind="compensate")
+    [refund] = remote.refunds()
+    assert given_up.outcome == "abandoned" and given_up.finished_at is not None
+    assert "the request that made it died" in given_up.detail
+    assert (
+        f"the answer arrived after the call was given up: committed, receipt "
+        f"{refund['reversal_id']}" in given_up.detail
+    )
+    assert (done.outcome, done.receipt) == ("committed", refund["reversal_id"])
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+    assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["oona"]
 
 
 # --- the state a decision was made on ----------------------------------------------------------

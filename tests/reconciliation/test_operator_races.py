@@ -1,6 +1,6 @@
 """Operators deciding about one command at once, in separate OS processes released by a
-barrier, over HTTP against the real sandbox: one decision wins, and every other operator is
-refused with the state as it now stands (a 409, never a 503).
+barrier, over HTTP against the real sandbox: one decision wins, every other operator is
+refused with the state as it now stands (a 409, never a 503), and the remote is called once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from django.test import Client
 
 from approvals.models import Command, Epoch, Membership
 from reconciliation.dispatch import command_dispatch
-from reconciliation.models import OperatorDecision
+from reconciliation.models import AdapterInvocation, OperatorDecision
 from tests.conftest import Runtime, make_user
 from tests.demo.sandbox_fixture import SandboxProcess
 from tests.races import Pool
@@ -32,6 +32,8 @@ pytestmark = [
     ),
 ]
 
+OPERATORS = 4
+ROUNDS = 5
 AMBIGUITY_OPERATORS = 6
 AMBIGUITY_ROUNDS = 8
 
@@ -95,8 +97,63 @@ def _pool(size: int) -> Iterator[Pool]:
 
 
 @pytest.fixture
+def compensators(transactional_db: Any, remote: SandboxProcess) -> Iterator[Pool]:
+    """Forked after ``remote`` pointed the adapters at the sandbox."""
+    yield from _pool(OPERATORS)
+
+
+@pytest.fixture
 def ambiguity_pool(transactional_db: Any, remote: SandboxProcess) -> Iterator[Pool]:
     yield from _pool(AMBIGUITY_OPERATORS)
+
+
+# --- compensation ---------------------------------------------------------------------------
+
+
+def _reversals(remote: SandboxProcess, command: Command) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in remote.requests()
+        if r["path"].endswith("/reversal") and r["idempotency_key"] == command.idempotency_key
+    ]
+
+
+def test_operators_compensating_at_once_call_the_remote_once(
+    compensators: Pool,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operators: list[str],
+) -> None:
+    for round_no in range(ROUNDS):
+        command = claim_command(runtime, reviewer, ref=f"comp-{round_no}")
+        command_dispatch(command_id=command.pk)
+        command.refresh_from_db()
+        assert command.state == State.COMMITTED
+
+        decide = {
+            "command_id": str(command.pk),
+            "action": "compensate",
+            "seen_state": shown_state(operators[0], command),
+        }
+        results = compensators.run(
+            [(decide_job, {**decide, "username": name}) for name in operators[:OPERATORS]]
+        )
+
+        assert len(_reversals(remote, command)) == 1, ("one reversal call", results)
+        assert Counter(status for status, _ in results) == {302: 1, 409: OPERATORS - 1}, results
+        for status, notice in results:
+            if status == 409:
+                # Refused while the winner's call was out, or after it settled the effect.
+                assert (
+                    "a compensation of this effect is already in progress" in notice
+                    or "Refused: the effect is now compensated" in notice
+                ), notice
+        calls = AdapterInvocation.objects.filter(command=command, kind="compensate")
+        assert [(c.outcome, c.finished_at is not None) for c in calls] == [("committed", True)]
+        command.refresh_from_db()
+        assert command.state == State.COMPENSATED
+        assert OperatorDecision.objects.filter(command=command).count() == 1
 
 
 # --- accepting the ambiguity ------------------------------------------------------------------
