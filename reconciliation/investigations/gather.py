@@ -33,6 +33,7 @@ from reconciliation.investigations.reads import (
     _DELIVERIES,
     _INVOCATIONS,
     _OCCURRENCES,
+    _PRODUCERS,
     _SEED_APPROVALS,
     _SEED_COMMANDS,
     _SEEDS,
@@ -144,6 +145,8 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         facts_of = {row[0]: _event_fact_of_row(row, texts) for row in decisive + newest}
     events = sorted(facts_of.values(), key=lambda e: e.pk)
     deliveries = _DELIVERIES.run(tenant_ids=tenant_ids, read=[e.pk for e in events])
+    batches = sorted({e.ingestion_id for e in events if e.ingestion_id is not None})
+    producers = dict(_PRODUCERS.run(ingestions=batches)) if batches else {}
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
     fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}
@@ -213,5 +216,6 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         ),
         events_total=total,
         events_newest=len(newest),
+        producers={batch: name or "" for batch, name in producers.items()},
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)

@@ -38,6 +38,7 @@ from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
     AuditEvent,
+    AuditIngestion,
     Command,
     Occurrence,
     Proposal,
@@ -497,6 +498,16 @@ _DELIVERIES = Compiled[AuditDuplicateDelivery](
         )
         .select_related("ingestion")
         .order_by("id")
+    )
+)
+
+
+# Who sent the batches the events read came in: the producers a conflict names.
+_PRODUCERS = Compiled[tuple[int, str | None]](
+    lambda: (
+        AuditIngestion.objects.filter(pk__in=ParamArray("ingestions"))
+        .order_by()
+        .values_list("pk", "runtime_key__name")
     )
 )
 
