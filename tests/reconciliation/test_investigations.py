@@ -971,8 +971,57 @@ def test_reviewers_see_no_investigate_link(client: Client, reviewer: Any) -> Non
 
 
 @pytest.mark.django_db
-def test_the_page_answers_get_only(ops: Client) -> None:
-    assert ops.post("/investigations/", {"q": "x"}).status_code == 405
+def test_the_page_answers_get_and_its_search_post_only(ops: Client) -> None:
+    assert ops.put("/investigations/", {"q": "x"}).status_code == 405
+    assert ops.delete("/investigations/").status_code == 405
+
+
+# --- the search box: a POST, so that what was typed is in no address and no log ---------------
+
+
+def _search_form(page: str) -> str:
+    form = page[page.index('<form id="investigate-form"') :]
+    return form[: form.index("</form>")]
+
+
+@pytest.mark.django_db
+def test_a_search_is_posted_and_redirected_to_an_address_that_names_no_token(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+    form = _search_form(ops.get("/investigations/").content.decode())
+    assert 'method="post"' in form and 'name="csrfmiddlewaretoken"' in form
+
+    pasted = ops.post("/investigations/", {"q": f" {story.token} "})
+
+    assert pasted.status_code == 302
+    assert pasted["Location"] == f"/investigations/?q={story.fingerprint}"
+    page = ops.get(pasted["Location"]).content.decode()
+    assert "replaced by its fingerprint" in page and story.token not in page
+    assert verdicts(page) == [CONTROL_WORKING]
+    by_id = ops.post("/investigations/", {"q": story.command_id})
+    assert by_id["Location"] == f"/investigations/?q={story.command_id}"
+    assert verdicts(ops.get(by_id["Location"]).content.decode()) == [CONTROL_WORKING]
+
+
+@pytest.mark.django_db
+def test_a_posted_runtime_key_or_nothing_goes_back_to_the_empty_box(
+    runtime: Runtime, ops: Client
+) -> None:
+    key = ops.post("/investigations/", {"q": runtime.raw_key})
+
+    assert (key.status_code, key["Location"]) == (302, "/investigations/")
+    page = ops.get(key["Location"]).content.decode()
+    assert "That looks like a runtime key" in page and runtime.raw_key not in page
+    assert ops.post("/investigations/", {"q": "  "})["Location"] == "/investigations/"
+
+
+@pytest.mark.django_db
+def test_a_search_without_its_csrf_token_is_refused(operator: Any) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.login(username=operator.username, password=PASSWORD)
+
+    assert client.post("/investigations/", {"q": "exec-a"}).status_code == 403
 
 
 # --- queries per page -------------------------------------------------------------------------
