@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals.templatetags.rows import cell_html
+from approvals.web.text import plain_reveal
 from reconciliation.investigations.page import ChainGap, ChainRow
 
 register = template.Library()
@@ -31,6 +32,18 @@ def _or_dash(value: str) -> str:
 
 
 COLUMNS = 9  # without the tenant's
+
+
+TITLE_CHARS = 24  # of the query, in the page's <title>
+
+
+@register.filter
+def title_text(query: str) -> str:
+    """The query for the page's ``<title>``, which holds text only: cut after
+    ``TITLE_CHARS`` characters, and its hidden characters shown as ``\\uXXXX`` as the page
+    shows them (a U+202E would reorder the title, in the tab and the history)."""
+    shown = query if len(query) <= TITLE_CHARS else query[: TITLE_CHARS - 1] + "…"
+    return plain_reveal(shown)
 
 
 @register.simple_tag

@@ -1024,6 +1024,19 @@ def test_a_search_without_its_csrf_token_is_refused(operator: Any) -> None:
     assert client.post("/investigations/", {"q": "exec-a"}).status_code == 403
 
 
+@pytest.mark.django_db
+def test_the_title_shows_the_query_revealed_as_the_page_does(ops: Client) -> None:
+    """A U+202E in the query would reorder the page's title in the tab and the history."""
+    page = page_of(ops, "exec-\u202egnp.exe")
+
+    [title] = re.findall(r"<title>(.*?)</title>", page, re.S)
+    assert title == "Investigate exec-\\u202egnp.exe · Approval console"
+    nothing = page[page.index('id="verdict"') :]
+    assert "\u202e" not in nothing and "\\u202e" in nothing
+    [long_title] = re.findall(r"<title>(.*?)</title>", page_of(ops, "x" * 30))
+    assert long_title == f"Investigate {'x' * 23}… · Approval console"
+
+
 # --- queries per page -------------------------------------------------------------------------
 
 
