@@ -1,6 +1,9 @@
 """Operator decisions about a command's effect: each one explicit, named and recorded, and
-refused when the state no longer allows it (a guarded update: of two operators at once,
-one wins and the other is told what happened).
+refused when the state no longer allows it or is no longer the one the operator's page
+showed (under the command's lock: of two operators at once, one wins and the other is
+told what happened). An operator's own call to the adapter (an effect query, a
+compensation) is made like a delivery's: its invocation committed before the call, its
+answer recorded whatever is then decided, and one compensation out at a time.
 
 Nothing here re-uses an approval: a decision that allows another attempt admits a new
 epoch of the occurrence (``reconciliation.epochs.epoch_admit``) and names itself as the
