@@ -448,7 +448,9 @@ DISPATCH_STUCK_SENDING_SECONDS = env_int(
     "DISPATCH_STUCK_SENDING_SECONDS", 2 * CELERY_VISIBILITY_TIMEOUT
 )
 
-# The operators' queue lists a command still sending or pending this long as stuck.
+# The operators' queue lists a command still sending or pending this long as stuck; an
+# operator's compensation call still unfinished this long is given up as abandoned (the
+# request that made it died), so that another may be made.
 OPERATIONS_STUCK_SECONDS = env_int("OPERATIONS_STUCK_SECONDS", 120)
 # Console pages link here in escalation messages.
 CONSOLE_BASE_URL = _env("CONSOLE_BASE_URL") or "http://127.0.0.1:8000"

@@ -328,7 +328,7 @@ def record(plan: Plan, result: Any) -> Plan:
         if command.state != State.SENDING or fresh.finished_at is not None:
             # Another delivery settled the effect (or gave this call up) meanwhile: the
             # answer is still evidence, kept on the row and in the audit trail.
-            detail = f"arrived after the effect was {command.state}: {_describe(result)}"
+            detail = f"arrived after the effect was {command.state}: {describe(result)}"
             AdapterInvocation.objects.filter(pk=invocation.pk).update(
                 detail=(fresh.detail + "; " if fresh.detail else "") + detail,
                 receipt=getattr(result, "receipt", "")[:200] or fresh.receipt,
@@ -337,8 +337,8 @@ def record(plan: Plan, result: Any) -> Plan:
                 command,
                 AuditKind.EFFECT_LATE_RESULT,
                 message_id=invocation.message_id,
-                reason_code=_outcome_of(result),
-                data={"invocation": invocation.number, "result": _describe(result)},
+                reason_code=outcome_of(result),
+                data={"invocation": invocation.number, "result": describe(result)},
             )
             return Plan(command.pk, note="late result")
 
@@ -478,7 +478,8 @@ def record(plan: Plan, result: Any) -> Plan:
         return Plan(command.pk)
 
 
-def _outcome_of(result: Any) -> str:
+def outcome_of(result: Any) -> str:
+    """The invocation outcome an adapter's typed result records."""
     return {
         Committed: Outcome.COMMITTED,
         Rejected: Outcome.REJECTED,
@@ -488,7 +489,8 @@ def _outcome_of(result: Any) -> str:
     }[type(result)].value
 
 
-def _describe(result: Any) -> str:
+def describe(result: Any) -> str:
+    """An adapter's typed result in words, for a late answer's detail."""
     if isinstance(result, Committed):
         return f"committed, receipt {result.receipt}"
     if isinstance(result, Rejected):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 
@@ -77,6 +78,29 @@ def admission_for(
     return None
 
 
+def command_lock(command_id: Any) -> Command | None:
+    """Lock a command for a decision about it: its occurrence first, then the command, the
+    one order every path that takes both follows (operators' decisions, epoch admissions),
+    so none waits for another in a cycle.
+
+    The occurrence is locked ``FOR NO KEY UPDATE``: that serializes these paths as well as
+    ``FOR UPDATE`` would, and still lets a delivery that holds the command (dispatch, a
+    runtime's report) insert rows referencing the occurrence (its audit events, whose
+    foreign key check takes ``FOR KEY SHARE``). With ``FOR UPDATE`` such a delivery, holding
+    the command, waited for an operator who held the occurrence and waited for the
+    command: a deadlock, and a 503 for the operator."""
+    occurrence_id = Command.objects.filter(pk=command_id).values("occurrence_id")
+    Occurrence.objects.select_for_update(no_key=True, of=("self",)).filter(
+        pk__in=occurrence_id
+    ).first()
+    return (
+        Command.objects.select_for_update(of=("self",))
+        .select_related("occurrence__tool", "approval__proposal")
+        .filter(pk=command_id)
+        .first()
+    )
+
+
 def epoch_admit(
     *,
     command: Command,
@@ -89,16 +113,13 @@ def epoch_admit(
     """Admit the occurrence's next epoch for ``command`` if the evidence justifies it.
 
     Locks the occurrence first (epoch numbers are count + 1, guarded by a unique
-    constraint), then the command. Raises ``needs_reconciliation`` (409) naming the
-    effect when nothing justifies another attempt, and ``effect_committed`` when the
-    effect already happened."""
+    constraint), then the command (``command_lock``). Raises ``needs_reconciliation``
+    (409) naming the effect when nothing justifies another attempt, and
+    ``effect_committed`` when the effect already happened."""
     with transaction.atomic():
-        Occurrence.objects.select_for_update(of=("self",)).filter(pk=command.occurrence_id).first()
-        command = (
-            Command.objects.select_for_update(of=("self",))
-            .select_related("occurrence__tool")
-            .get(pk=command.pk)
-        )
+        locked = command_lock(command.pk)
+        assert locked is not None, "commands are never deleted"
+        command = locked
         contract = command.occurrence.tool
         admission = admission_for(command, contract, decision)
         settled = command.state in (State.COMMITTED, State.COMPENSATED) or (

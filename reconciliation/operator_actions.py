@@ -1,6 +1,9 @@
 """Operator decisions about a command's effect: each one explicit, named and recorded, and
-refused when the state no longer allows it (a guarded update: of two operators at once,
-one wins and the other is told what happened).
+refused when the state no longer allows it or is no longer the one the operator's page
+showed (under the command's lock: of two operators at once, one wins and the other is
+told what happened). An operator's own call to the adapter (an effect query, a
+compensation) is made like a delivery's: its invocation committed before the call, its
+answer recorded whatever is then decided, and one compensation out at a time.
 
 Nothing here re-uses an approval: a decision that allows another attempt admits a new
 epoch of the occurrence (``reconciliation.epochs.epoch_admit``) and names itself as the
@@ -9,24 +12,33 @@ reason; the approval stays consumed.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
 from approvals.errors import ServiceError
-from approvals.models import Command, Epoch, Occurrence
+from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
-from reconciliation.adapters.base import Committed, Interrupted, NotFound, Rejected, Unknown
-from reconciliation.dispatch import call_of, current_epoch, invocation_open
-from reconciliation.epochs import epoch_admit, last_finding
+from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
+from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
+from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 State = Command.State
 Action = OperatorDecision.Action
 Finding = OperatorDecision.Finding
+Outcome = AdapterInvocation.Outcome
+
+# Invocations whose receipt names the effect under the command's key (a compensation's
+# names its reversal).
+_EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
 
 # Where each action may start from. A state outside its set means another operator (or the
 # worker) got there first: the action is refused and the page shows the new state.
@@ -58,22 +70,41 @@ def _require_note(note: str) -> str:
 
 
 def _lock(command_id: Any) -> Command:
-    """Lock the occurrence, then the command: the order every epoch admission takes, so
-    that an operator's decision and a runtime's epoch request never deadlock."""
-    occurrence_id = Command.objects.filter(pk=command_id).values("occurrence_id")
-    Occurrence.objects.select_for_update(of=("self",)).filter(pk__in=occurrence_id).first()
-    command = (
-        Command.objects.select_for_update(of=("self",))
-        .select_related("occurrence__tool", "approval__proposal")
-        .filter(pk=command_id)
-        .first()
-    )
+    command = command_lock(command_id)
     if command is None:
         raise ServiceError("not_found", "No such command.", 404)
     return command
 
 
-def _refuse_unless(command: Command, action: str) -> None:
+def seen_state(state: str, epoch_number: int) -> str:
+    """What an operator's form says its page showed: the effect and the epoch. Together
+    they change with every move: an accepted ambiguity whose new delivery ends unknown
+    again leaves the same effect in another epoch."""
+    return f"{state}:{epoch_number}"
+
+
+_SEEN_STATE = re.compile(r"[a-z_]{1,32}:[0-9]{1,9}")
+
+
+def _refuse_unless(command: Command, action: str, seen: str | None = None) -> None:
+    """Refuse an action the state no longer allows, or one decided on a page that showed
+    another state (``seen``, from ``seen_state``; None: the caller showed nothing)."""
+    if seen:
+        if not _SEEN_STATE.fullmatch(seen):
+            raise ServiceError(
+                "seen_state_invalid",
+                "The form did not say which state it was shown: reload the page and decide again.",
+                422,
+            )
+        epoch = current_epoch(command).number
+        if seen != seen_state(command.state, epoch):
+            raise Refused(
+                "state_changed",
+                f"Refused: the effect is now {command.get_state_display().lower()} (epoch "
+                f"{epoch}), not what your page showed when you decided. Nothing was "
+                "recorded: look at it as it is now and decide again.",
+                409,
+            )
     if command.state not in ALLOWED_FROM[action]:
         raise Refused(
             "state_changed",
@@ -81,6 +112,103 @@ def _refuse_unless(command: Command, action: str) -> None:
             f"not allow “{Action(action).label.lower()}”. Nothing was recorded.",
             409,
         )
+
+
+def _detail(result: Any) -> str:
+    if isinstance(result, Rejected):
+        return result.reason
+    if isinstance(result, Unknown):
+        return result.why
+    return str(getattr(result, "detail", ""))
+
+
+def _answer_keep(invocation: AdapterInvocation, result: Any) -> None:
+    """Record an operator's call's answer on its invocation. A row closed meanwhile (a
+    delivery, or a later compensation, found it unfinished and gave it up) keeps that
+    outcome; the answer is added to its detail, as a worker's late result is."""
+    receipt = result.receipt[:200] if isinstance(result, Committed) else ""
+    open_row = AdapterInvocation.objects.filter(pk=invocation.pk, finished_at__isnull=True)
+    closed = open_row.update(
+        finished_at=db_now(),
+        outcome=outcome_of(result),
+        receipt=receipt,
+        detail=_detail(result),
+    )
+    if not closed:
+        fresh = AdapterInvocation.objects.get(pk=invocation.pk)
+        late = f"the answer arrived after the call was given up: {describe(result)}"
+        AdapterInvocation.objects.filter(pk=invocation.pk).update(
+            detail=(fresh.detail + "; " if fresh.detail else "") + late,
+            receipt=fresh.receipt or receipt,
+        )
+
+
+def _after_call(
+    command_id: Any,
+    invocation: AdapterInvocation,
+    result: Any,
+    decide: Callable[[Command], Done],
+) -> Done:
+    """The last phase of an operator's call: under the command's lock, the answer recorded
+    on its invocation, then ``decide``. A refusal ``decide`` raises (the effect moved
+    meanwhile, the remote did not confirm) takes back only its own writes and is raised
+    after the answer is committed: the answer is kept, as the refusal says, and no row is
+    left open for a later delivery to close as abandoned ("its worker died").
+
+    One transaction for both, not the answer first on its own: a call that looked finished
+    while its effect was still undecided would let a second compensation through."""
+    refusal: ServiceError | None = None
+    with transaction.atomic():
+        command = _lock(command_id)
+        _answer_keep(invocation, result)
+        try:
+            with transaction.atomic():
+                done = decide(command)
+        except ServiceError as exc:
+            refusal = exc
+    if refusal is not None:
+        raise refusal
+    return done
+
+
+# What is known of a compensation call found unfinished past OPERATIONS_STUCK_SECONDS: the
+# request that made it is gone (a web request lives no longer than the server's timeout).
+_COMPENSATION_GIVEN_UP = (
+    "a later compensation found this call unfinished: the request that made it died; "
+    "whether the remote reversed the effect is what its records say"
+)
+
+
+def _refuse_while_compensating(command: Command) -> None:
+    """One compensation call at a time: while an adapter compensation of the command is
+    out, another (by the adapter or by hand) is refused with the state as it stands. Its
+    open invocation row, committed before the call, is what says so, as ``sending`` does
+    for a delivery; the effect itself stays what it is (committed) until the answer.
+
+    A row older than ``OPERATIONS_STUCK_SECONDS`` belongs to a request that died: it is
+    closed as abandoned, so that the effect can still be compensated."""
+    call = (
+        AdapterInvocation.objects.filter(
+            command=command, kind=AdapterInvocation.Kind.COMPENSATE, finished_at__isnull=True
+        )
+        .order_by("-number")
+        .first()
+    )
+    if call is None:
+        return
+    now = db_now()
+    if call.started_at > now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS):
+        raise Refused(
+            "compensation_in_progress",
+            "Refused: a compensation of this effect is already in progress (invocation "
+            f"{call.number}, started {call.started_at.astimezone(UTC):%H:%M:%S} UTC); its "
+            "answer will show here. The effect is still "
+            f"{command.get_state_display().lower()}. Nothing was recorded.",
+            409,
+        )
+    AdapterInvocation.objects.filter(pk=call.pk, finished_at__isnull=True).update(
+        finished_at=now, outcome=Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
+    )
 
 
 def _record(
@@ -135,13 +263,15 @@ def _record(
     return decision
 
 
-def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
+def command_query_effect(
+    *, command_id: Any, operator: str, note: str, seen: str | None = None
+) -> Done:
     """Ask the adapter whether the effect exists under the command's key, and record the
     answer as effect evidence: committed (with the receipt), or not found."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.QUERY_EFFECT)
+        _refuse_unless(command, Action.QUERY_EFFECT, seen)
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_query:
             raise ServiceError(
@@ -152,29 +282,21 @@ def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
         invocation = invocation_open(
             command, kind=AdapterInvocation.Kind.QUERY, justification="operator_query"
         )
-        seen = command.state
+        state_asked = command.state
         call = call_of(command)
     # The question goes out outside any transaction, like every adapter call.
     result = adapter.query_effect(call)
-    with transaction.atomic():
-        command = _lock(command_id)
-        outcome = {
-            Committed: AdapterInvocation.Outcome.COMMITTED,
-            NotFound: AdapterInvocation.Outcome.NOT_FOUND,
-            Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
-        }.get(type(result), AdapterInvocation.Outcome.OUTCOME_UNKNOWN)
-        receipt = result.receipt if isinstance(result, Committed) else ""
-        detail = getattr(result, "detail", "") or getattr(result, "why", "")
-        AdapterInvocation.objects.filter(pk=invocation.pk).update(
-            finished_at=db_now(), outcome=outcome, receipt=receipt, detail=detail
-        )
-        if command.state != seen:
+
+    def decide(command: Command) -> Done:
+        if command.state != state_asked:
             raise Refused(
                 "state_changed",
                 f"The effect changed to {command.get_state_display().lower()} while the "
                 "adapter was asked; its answer is kept on the invocation, nothing else.",
                 409,
             )
+        receipt = result.receipt if isinstance(result, Committed) else ""
+        detail = _detail(result)
         if isinstance(result, Committed):
             decision = _record(
                 command,
@@ -203,23 +325,28 @@ def command_query_effect(*, command_id: Any, operator: str, note: str) -> Done:
                 "The adapter has no effect under this key: reconciled as not committed. "
                 "A retry is now justified.",
             )
-        why = result.why if isinstance(result, Unknown) else getattr(result, "detail", "")
-        if isinstance(result, Rejected):
-            why = result.reason
         decision = _record(
             command,
             action=Action.QUERY_EFFECT,
             operator=operator,
             note=note,
             state_after=command.state,
-            evidence=why,
-            data={"invocation": invocation.number, "answer": why},
+            evidence=detail,
+            data={"invocation": invocation.number, "answer": detail},
         )
-        return Done(decision, f"The adapter could not tell: {why}. Nothing changed.")
+        return Done(decision, f"The adapter could not tell: {detail}. Nothing changed.")
+
+    return _after_call(command_id, invocation, result, decide)
 
 
 def command_reconcile(
-    *, command_id: Any, operator: str, note: str, outcome: str, evidence: str
+    *,
+    command_id: Any,
+    operator: str,
+    note: str,
+    outcome: str,
+    evidence: str,
+    seen: str | None = None,
 ) -> Done:
     """Record by hand, with evidence, that the effect is committed or not."""
     note = _require_note(note)
@@ -230,7 +357,7 @@ def command_reconcile(
         raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RECONCILE)
+        _refuse_unless(command, Action.RECONCILE, seen)
         decision = _record(
             command,
             action=Action.RECONCILE,
@@ -254,13 +381,15 @@ def _admit(command: Command, decision: OperatorDecision, operator: str, note: st
     )
 
 
-def command_accept_ambiguity(*, command_id: Any, operator: str, note: str) -> Done:
+def command_accept_ambiguity(
+    *, command_id: Any, operator: str, note: str, seen: str | None = None
+) -> Done:
     """The operator states that a duplicate is possible and accepted: a new epoch is
     admitted, linked to this decision, and the command is delivered again (same key)."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.ACCEPT_AMBIGUITY)
+        _refuse_unless(command, Action.ACCEPT_AMBIGUITY, seen)
         decision = _record(
             command,
             action=Action.ACCEPT_AMBIGUITY,
@@ -277,13 +406,13 @@ def command_accept_ambiguity(*, command_id: Any, operator: str, note: str) -> Do
     )
 
 
-def command_retry(*, command_id: Any, operator: str, note: str) -> Done:
+def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None = None) -> Done:
     """Admit a new epoch where the evidence already justifies it: not sent, rejected before
     execution, or reconciled as not committed."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RETRY)
+        _refuse_unless(command, Action.RETRY, seen)
         if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
             raise Refused(
                 "not_justified",
@@ -303,20 +432,27 @@ def command_retry(*, command_id: Any, operator: str, note: str) -> Done:
 
 
 def command_compensate(
-    *, command_id: Any, operator: str, note: str, manual_evidence: str = ""
+    *,
+    command_id: Any,
+    operator: str,
+    note: str,
+    manual_evidence: str = "",
+    seen: str | None = None,
 ) -> Done:
     """Undo a committed effect: the adapter's compensation (the payments reversal), or a
-    compensation done elsewhere and recorded with its evidence."""
+    compensation done elsewhere and recorded with its evidence. One at a time: while the
+    adapter is asked, every other compensation is refused (``_refuse_while_compensating``)."""
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.COMPENSATE)
+        _refuse_unless(command, Action.COMPENSATE, seen)
         if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
             raise Refused(
                 "not_committed",
                 "The effect was reconciled as not committed: there is nothing to compensate.",
                 409,
             )
+        _refuse_while_compensating(command)
         if manual_evidence.strip():
             decision = _record(
                 command,
@@ -337,8 +473,9 @@ def command_compensate(
                 "its evidence.",
                 409,
             )
+        # The effect's receipt: an execution's or an effect query's, never a reversal's.
         receipt = (
-            AdapterInvocation.objects.filter(command=command)
+            AdapterInvocation.objects.filter(command=command, kind__in=_EFFECT_KINDS)
             .exclude(receipt="")
             .order_by("-number")
             .values_list("receipt", flat=True)
@@ -351,38 +488,30 @@ def command_compensate(
                 "reverse: record a manual compensation.",
                 409,
             )
+        # Committed before the call: the compensation in progress, for every other one.
         invocation = invocation_open(
             command, kind=AdapterInvocation.Kind.COMPENSATE, justification="operator_compensation"
         )
-        seen = command.state
+        state_asked = command.state
         call = call_of(command)
     result = adapter.compensate(call, receipt)
-    with transaction.atomic():
-        command = _lock(command_id)
-        done = isinstance(result, Committed)
-        AdapterInvocation.objects.filter(pk=invocation.pk).update(
-            finished_at=db_now(),
-            outcome=AdapterInvocation.Outcome.COMMITTED
-            if done
-            else (AdapterInvocation.Outcome.OUTCOME_UNKNOWN),
-            receipt=result.receipt if isinstance(result, Committed) else "",
-            detail=getattr(result, "detail", "")
-            or getattr(result, "why", "")
-            or getattr(result, "reason", ""),
-        )
-        if command.state != seen:
+
+    def decide(command: Command) -> Done:
+        if command.state != state_asked:
             raise Refused(
                 "state_changed",
                 f"The effect changed to {command.get_state_display().lower()} meanwhile; the "
                 "adapter's answer is kept on the invocation.",
                 409,
             )
-        if not done:
-            why = getattr(result, "why", "") or getattr(result, "reason", "")
+        if not isinstance(result, Committed):
             raise ServiceError(
-                "compensation_failed", f"The adapter did not confirm the reversal: {why}", 409
+                "compensation_failed",
+                f"The adapter did not confirm the reversal: {_detail(result)}. Its answer is "
+                "kept on the invocation; the effect is still "
+                f"{command.get_state_display().lower()}.",
+                409,
             )
-        assert isinstance(result, Committed)
         decision = _record(
             command,
             action=Action.COMPENSATE,
@@ -393,4 +522,8 @@ def command_compensate(
             state_after=State.COMPENSATED,
             data={"method": "adapter", "reversal": result.receipt, "of": receipt},
         )
-    return Done(decision, f"Compensated by the adapter: reversal {result.receipt} of {receipt}.")
+        return Done(
+            decision, f"Compensated by the adapter: reversal {result.receipt} of {receipt}."
+        )
+
+    return _after_call(command_id, invocation, result, decide)

@@ -16,5 +16,9 @@ worst first, each with the facts it rests on, and says what the evidence cannot 
 * healthy redelivery: one execution, a claim or a command delivered again, one command;
 * control working: one approved execution, attempts by other executions refused.
 
+About this console's own approvals and commands the verdict rests on the console's own
+events; another producer's events that contradict them are shown as conflicts to
+investigate, naming the producer (``conflicts``), never judged.
+
 ``investigation_page`` shapes both for the template.
 """

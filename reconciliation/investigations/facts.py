@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
@@ -74,6 +75,12 @@ class EventFact(NamedTuple):
     @property
     def is_approved_claim(self) -> bool:
         return self.is_claim and self.decision == APPROVED
+
+    @property
+    def is_ingested(self) -> bool:
+        """Sent by another producer (``POST /api/v1/audit/events``), not written by this
+        console."""
+        return self.ingestion_id is not None
 
     @property
     def origin(self) -> str:
@@ -153,6 +160,9 @@ class Facts:
     events_total: int = 0
     # How many of ``events`` are the chain's newest (the rest are decisive ones before them).
     events_newest: int = 0
+    # The producer of each ingestion batch the events came in: its runtime key's name ("" if
+    # the batch names none), by ingestion id.
+    producers: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -121,6 +121,8 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
     facts_of = {row[0]: EventFact._make(row) for row in decisive + newest}
     events = sorted(facts_of.values(), key=lambda e: e.pk)
     deliveries = reads.deliveries(tenant_ids=tenant_ids, event_ids=[e.pk for e in events])
+    batches = sorted({e.ingestion_id for e in events if e.ingestion_id is not None})
+    producers = reads.producers(ingestion_ids=batches)
 
     command_of_approval = {c.approval_id: c for c in commands if c.approval_id}
     fingerprint_of_approval = {a.pk: a.fingerprint for a in approvals}
@@ -190,5 +192,6 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
         ),
         events_total=total,
         events_newest=len(newest),
+        producers=producers,
     )
     return Investigation(q, facts, occurrences, invocations, commands, limited)

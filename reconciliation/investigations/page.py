@@ -31,7 +31,8 @@ from reconciliation.investigations.facts import (
     EventFact,
 )
 from reconciliation.investigations.gather import Investigation
-from reconciliation.investigations.verdict import TITLE_VALUES, _at, _listing, assess
+from reconciliation.investigations.verdict import assess
+from reconciliation.investigations.wording import TITLE_VALUES, listing, when
 from reconciliation.models import AdapterInvocation
 
 
@@ -103,7 +104,7 @@ class Count:
     def title(self) -> str:
         """The first values counted, and how many more (a chain of thousands of replays
         counts as many executions: a tooltip cannot list them, the chain below does)."""
-        return _listing(self.values, TITLE_VALUES, separator=", ")
+        return listing(self.values, TITLE_VALUES, separator=", ")
 
 
 def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:
@@ -250,9 +251,9 @@ def delivery_rows(found: Investigation) -> list[DeliveryRow]:
     for delivery in found.facts.deliveries:
         event = events[delivery.original_pk]
         first = (
-            f"batch #{event.ingestion_id}, {_at(event.ingested_at)}"
+            f"batch #{event.ingestion_id}, {when(event.ingested_at)}"
             if event.ingestion_id is not None
-            else f"this console, {_at(event.ingested_at)}"
+            else f"this console, {when(event.ingested_at)}"
         )
         rows.append(
             DeliveryRow(
@@ -260,7 +261,7 @@ def delivery_rows(found: Investigation) -> list[DeliveryRow]:
                 kind=event.kind,
                 execution=reveal_html(event.execution_id),
                 first=first,
-                again=f"batch #{delivery.ingestion_id}, {_at(delivery.received_at)}, "
+                again=f"batch #{delivery.ingestion_id}, {when(delivery.received_at)}, "
                 f"line {delivery.line}",
                 same_payload=delivery.same_payload,
             )

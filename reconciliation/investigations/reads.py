@@ -359,6 +359,19 @@ def count(chain: Chain) -> int:
     return int(fetch(sql, params)[0][0])
 
 
+def producers(*, ingestion_ids: list[int]) -> dict[int, str]:
+    """Who sent the batches the events read came in (the runtime key's name, "" for a key
+    gone): the producers a conflict names."""
+    if not ingestion_ids:
+        return {}
+    if not on_postgresql():
+        return reads_orm.producers(ingestion_ids=ingestion_ids)
+    sql = """SELECT g.id, k.name FROM approvals_auditingestion g
+               LEFT JOIN approvals_runtimekey k ON k.id = g.runtime_key_id
+              WHERE g.id = ANY(%s)"""
+    return {batch: name or "" for batch, name in fetch(sql, [ingestion_ids])}
+
+
 _DELIVERY = Columns(AuditDuplicateDelivery, "d")
 _INGESTION = Columns(AuditIngestion, "g")
 

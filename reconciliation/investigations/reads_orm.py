@@ -16,6 +16,7 @@ from approvals.models import (
     Approval,
     AuditDuplicateDelivery,
     AuditEvent,
+    AuditIngestion,
     Command,
     Occurrence,
     Proposal,
@@ -236,3 +237,10 @@ def deliveries(*, tenant_ids: list[int], event_ids: list[int]) -> list[AuditDupl
         .select_related("ingestion")
         .order_by("id")
     )
+
+
+def producers(*, ingestion_ids: list[int]) -> dict[int, str]:
+    rows = AuditIngestion.objects.filter(pk__in=ingestion_ids).values_list(
+        "pk", "runtime_key__name"
+    )
+    return {batch: name or "" for batch, name in rows}

@@ -1,14 +1,18 @@
 """The verdict, a pure function of the facts: which of the five stories the records tell
 (control failure, idempotent-execution failure, duplicated audit delivery, healthy
-redelivery, the control working), and what the records cannot tell."""
+redelivery, the control working), and what the records cannot tell.
+
+About an approval or command of this console, the verdict reads the console's own events
+only; what other producers say about them is shown as conflicts (``conflicts``)."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from approvals import vocabulary
+from reconciliation.investigations.conflicts import Conflict, Partition, conflicts, partition
+from reconciliation.investigations.duplicates import duplicated_delivery
 from reconciliation.investigations.facts import (
     _EFFECT_INVOCATION_KINDS,
     _RESUMING_JUSTIFICATIONS,
@@ -21,11 +25,11 @@ from reconciliation.investigations.facts import (
     REPLAYED,
     CommandFact,
     DecisionFact,
-    DeliveryFact,
     EventFact,
     Facts,
     InvocationFact,
 )
+from reconciliation.investigations.wording import LISTED, listing, plural, short, times, when
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
 CONTROL_FAILURE = "control_failure"
@@ -107,6 +111,8 @@ class Assessment:
     verdicts: tuple[Verdict, ...]  # worst first
     gaps: tuple[str, ...]  # what the evidence cannot tell
     summary: str
+    # Other producers' events that contradict the console's records: shown, not judged.
+    conflicts: tuple[Conflict, ...] = ()
 
     @property
     def codes(self) -> list[str]:
@@ -118,42 +124,9 @@ class Assessment:
 
     @property
     def tone(self) -> str:
-        if self.verdicts:
-            return self.verdicts[0].tone
-        return "wait" if self.gaps else "ok"
-
-
-def short(value: str) -> str:
-    """A UUID's first 8 characters, for sentences; tables show it whole."""
-    return value[:8] if len(value) == 36 else value
-
-
-def _times(n: int) -> str:
-    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
-
-
-def _plural(n: int, one: str, many: str = "") -> str:
-    return f"{n} {one if n == 1 else (many or one + 's')}"
-
-
-LISTED = 5  # the items a verdict's fact names before "and N more"
-
-
-TITLE_VALUES = 20  # the values a count's tooltip names
-
-
-def _listing(
-    items: list[str], most: int = LISTED, *, total: int | None = None, separator: str = "; "
-) -> str:
-    """The first ``most`` items, and how many more of ``total`` (``len(items)``) there are:
-    a caller with hundreds of items may pass only the first ``most``, formatted."""
-    shown = items[:most]
-    rest = (len(items) if total is None else total) - len(shown)
-    return separator.join(shown) + (f"{separator}and {rest} more" if rest else "")
-
-
-def _at(moment: datetime | None) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "an unknown time"
+        tone = self.verdicts[0].tone if self.verdicts else "wait" if self.gaps else "ok"
+        # A contradiction to investigate is never all right.
+        return "warn" if self.conflicts and tone in ("ok", "wait") else tone
 
 
 FpKey = tuple[int, str]
@@ -164,6 +137,9 @@ class _Index:
     """The facts looked up the ways the rules need them."""
 
     facts: Facts
+    # The events the verdict reads: the console's own about its approvals and commands,
+    # anyone's about anything else (``conflicts.partition``).
+    part: Partition
     claims: list[EventFact] = field(default_factory=list)  # the claim events, in order
     commands: dict[str, CommandFact] = field(default_factory=dict)
     invocations: dict[str, list[InvocationFact]] = field(default_factory=lambda: defaultdict(list))
@@ -181,6 +157,10 @@ class _Index:
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
 
+    @property
+    def events(self) -> tuple[EventFact, ...]:
+        return self.part.own
+
     def command_fingerprint(self, command_id: str) -> FpKey | None:
         command = self.commands.get(command_id)
         if command is not None and command.fingerprint:
@@ -192,7 +172,7 @@ class _Index:
 
 
 def _index(facts: Facts) -> _Index:
-    index = _Index(facts)
+    index = _Index(facts, partition(facts))
     index.commands = {c.pk: c for c in facts.commands}
     for invocation in sorted(facts.invocations, key=lambda i: (i.command_id, i.number)):
         index.invocations[invocation.command_id].append(invocation)
@@ -203,8 +183,8 @@ def _index(facts: Facts) -> _Index:
             )
     for decision in facts.decisions:
         index.decisions[decision.command_id].append(decision)
-    index.claims = [e for e in facts.events if e.is_claim]
-    for event in facts.events:
+    index.claims = [e for e in index.events if e.is_claim]
+    for event in index.events:
         if event.is_approved_claim:
             if not event.fingerprint:
                 index.no_fingerprint_approved += 1
@@ -244,23 +224,22 @@ def _control_failure(index: _Index) -> list[str]:
         fingerprint = key[1]
         facts.append(
             f"Fingerprint {fingerprint} has approved decisions for "
-            f"{_plural(len(executions), 'execution')}: {', '.join(sorted(executions))}."
+            f"{plural(len(executions), 'execution')}: {', '.join(sorted(executions))}."
         )
         for execution, sources in sorted(executions.items()):
-            facts.append(f"{execution}: {_listing(sources)}.")
+            facts.append(f"{execution}: {listing(sources)}.")
         commands = sorted(index.approved_commands.get(key, set()))
         if len(commands) > 1:
             facts.append(
-                f"{_plural(len(commands), 'command')} came of it: "
+                f"{plural(len(commands), 'command')} came of it: "
                 f"{', '.join(short(c) for c in commands)}."
             )
         console = index.console_approved.get(key, set())
         if console and set(executions) - console:
             others = ", ".join(sorted(set(executions) - console))
             facts.append(
-                f"This console's own claim admitted only {', '.join(sorted(console))}; the "
-                f"approval of {others} is recorded by another producer, so that claim ran "
-                "outside this console's guard."
+                f"The approval row is consumed by {', '.join(sorted(console))} only; the "
+                f"approval of {others} is in the audit trail alone."
             )
     return facts
 
@@ -281,11 +260,11 @@ def _idempotent_failure(index: _Index) -> tuple[list[str], set[str]]:
         seen = [f"{receipt} ({'; '.join(where)})" for receipt, where in receipts.items()]
         facts.append(
             f"Command {short(command_id)}{key}: {len(receipts)} distinct receipts under one "
-            f"key: {_listing(seen)}."
+            f"key: {listing(seen)}."
         )
         calls = [i for i in index.invocations.get(command_id, []) if i.kind == "execute"]
         if calls:
-            facts.append(f"The adapter was asked to execute it {_times(len(calls))}.")
+            facts.append(f"The adapter was asked to execute it {times(len(calls))}.")
         for call in calls:
             if call.outcome == AdapterInvocation.Outcome.ABANDONED and call.receipt:
                 facts.append(
@@ -295,58 +274,13 @@ def _idempotent_failure(index: _Index) -> tuple[list[str], set[str]]:
         for decision in index.decisions.get(command_id, []):
             if decision.action == OperatorDecision.Action.ACCEPT_AMBIGUITY:
                 facts.append(
-                    f"{decision.operator} accepted the ambiguity at {_at(decision.created_at)}: "
+                    f"{decision.operator} accepted the ambiguity at {when(decision.created_at)}: "
                     "a duplicate was possible, and was accepted."
                 )
     return facts, failed
 
 
-def _duplicated_delivery(facts: Facts) -> list[str]:
-    lines: list[str] = []
-    later: dict[int, list[DeliveryFact]] = defaultdict(list)
-    for delivery in facts.deliveries:
-        later[delivery.original_pk].append(delivery)
-    rows = Counter((e.tenant_id, e.event_id) for e in facts.events)
-    described: set[tuple[int, str]] = set()
-    for event in facts.events:
-        key = (event.tenant_id, event.event_id)
-        again = later.get(event.pk, [])
-        if key in described or (not again and rows[key] < 2):
-            continue
-        described.add(key)
-        what = ", ".join(x for x in (event.kind, event.decision, event.execution_id) if x)
-        copies = rows[key] + len(again)
-        first = (
-            f"stored once from batch #{event.ingestion_id} at {_at(event.ingested_at)}"
-            if event.ingestion_id is not None
-            else f"written by this console at {_at(event.ingested_at or event.source_time)}"
-        )
-        repeats = [
-            f"batch #{d.ingestion_id} at {_at(d.received_at)} (line {d.line}, "
-            f"{'same content' if d.same_payload else 'different content'})"
-            for d in again
-        ]
-        if rows[key] > 1:
-            repeats.append(f"{rows[key]} stored rows carry this id")
-        lines.append(
-            f"Producer event {event.event_id} ({what}) was delivered {_times(copies)}: "
-            f"{first}; again in {_listing(repeats)}."
-        )
-        if any(not d.same_payload for d in again):
-            lines.append(
-                f"A later delivery of {short(event.event_id)} says something else than the "
-                "stored event: its producer reused an event id; ask that producer."
-            )
-    if lines:
-        lines.append(
-            "Each producer event is counted once here: the copies are one decision each, "
-            "not several."
-        )
-    return lines
-
-
 def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str]) -> list[str]:
-    facts = index.facts
     command_ids = set(index.commands)
     for commands in index.approved_commands.values():
         command_ids |= commands
@@ -383,7 +317,7 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
             )
         ]
         redelivered = [
-            e for e in facts.events if e.kind == REDELIVERED_KIND and e.command_id == command_id
+            e for e in index.events if e.kind == REDELIVERED_KIND and e.command_id == command_id
         ]
         invocations = index.invocations.get(command_id, [])
         resumed = [i for i in invocations if i.justification in _RESUMING_JUSTIFICATIONS]
@@ -391,8 +325,8 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
             continue
         if duplicates:
             lines.append(
-                f"Execution {execution} claimed the token {_times(len(duplicates) + 1)}: "
-                f"approved once, then duplicate_delivery {_times(len(duplicates))}, answered "
+                f"Execution {execution} claimed the token {times(len(duplicates) + 1)}: "
+                f"approved once, then duplicate_delivery {times(len(duplicates))}, answered "
                 f"with the same command {short(command_id)}."
             )
         if redelivered:
@@ -401,13 +335,13 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
             )
             lines.append(
                 f"The queue delivered command {short(command_id)} again "
-                f"{_times(len(redelivered))} ({REDELIVERED_KIND}); its effect was already "
+                f"{times(len(redelivered))} ({REDELIVERED_KIND}); its effect was already "
                 f"{' or '.join(s for s in states if s) or 'settled'}, so nothing was called."
             )
         if resumed:
             reasons = ", ".join(sorted({i.justification for i in resumed}))
             lines.append(
-                f"{_plural(len(resumed), 'later delivery', 'later deliveries')} found the "
+                f"{plural(len(resumed), 'later delivery', 'later deliveries')} found the "
                 f"command sending and called under the contract's justification ({reasons}), "
                 "with the same key."
             )
@@ -423,7 +357,7 @@ def _healthy_redelivery(index: _Index, excluded_fps: set[FpKey], failed: set[str
         receipt = f", receipt {receipts[0]}" if receipts else ""
         lines.append(
             f"One command ({short(command_id)}); the adapter was called "
-            f"{_times(len(invocations)) if invocations else 'never'}; {state}{receipt}."
+            f"{times(len(invocations)) if invocations else 'never'}; {state}{receipt}."
         )
     return lines
 
@@ -448,18 +382,18 @@ def _control_working(index: _Index, excluded_fps: set[FpKey]) -> list[str]:
         command = f" (command {short(commands[0])})" if len(commands) == 1 else ""
         lines.append(f"Fingerprint {key[1]} was approved once, for execution {execution}{command}.")
         attempts = [
-            f"{e.execution_id or 'an unnamed execution'} at {_at(e.source_time)}"
+            f"{e.execution_id or 'an unnamed execution'} at {when(e.source_time)}"
             f" ({e.decision}{', ' + e.reason_code if e.reason_code else ''})"
             for e in replays[:LISTED]
         ]
         lines.append(
-            f"{_plural(len(replays), 'attempt')} by other executions refused as replayed: "
-            f"{_listing(attempts, total=len(replays))}."
+            f"{plural(len(replays), 'attempt')} by other executions refused as replayed: "
+            f"{listing(attempts, total=len(replays))}."
         )
         others = [e for e in refused if e.decision != REPLAYED]
         if others:
             lines.append(
-                f"Also refused: {_listing([f'{e.execution_id} ({e.decision})' for e in others])}."
+                f"Also refused: {listing([f'{e.execution_id} ({e.decision})' for e in others])}."
             )
         if len(commands) <= 1:
             lines.append("No second command was created.")
@@ -477,12 +411,12 @@ def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
         )
     for (_, fingerprint), n in sorted(index.unnamed_approved.items()):
         gaps.append(
-            f"{_plural(n, 'approved decision')} for fingerprint {fingerprint} name no "
+            f"{plural(n, 'approved decision')} for fingerprint {fingerprint} name no "
             "execution: one execution cannot be told from several."
         )
     if index.no_fingerprint_approved:
         gaps.append(
-            f"{_plural(index.no_fingerprint_approved, 'approved decision')} carry no token "
+            f"{plural(index.no_fingerprint_approved, 'approved decision')} carry no token "
             "fingerprint, so they cannot be tied to an approval."
         )
     for command in facts.commands:
@@ -506,7 +440,7 @@ def _gaps(index: _Index, verdicts: list[Verdict]) -> list[str]:
                     "these records. The remote's own records can tell."
                 )
     committed: dict[str, set[str]] = defaultdict(set)
-    for event in facts.events:
+    for event in index.events:
         if event.kind == COMMITTED_KIND and event.command_id and not event.receipt:
             committed[event.command_id].add(event.event_id)
     for command_id, ids in sorted(committed.items()):
@@ -557,7 +491,7 @@ def assess(facts: Facts) -> Assessment:
     duplicated_effects, failed_commands = _idempotent_failure(index)
     if duplicated_effects:
         verdicts.append(Verdict(IDEMPOTENT_EXECUTION_FAILURE, tuple(duplicated_effects)))
-    delivered_twice = _duplicated_delivery(facts)
+    delivered_twice = duplicated_delivery(facts)
     if delivered_twice:
         verdicts.append(Verdict(DUPLICATED_AUDIT_DELIVERY, tuple(delivered_twice)))
     healthy = _healthy_redelivery(index, failed_fps, failed_commands)
@@ -579,4 +513,10 @@ def assess(facts: Facts) -> Assessment:
             "None of the five stories: one approved execution, one command, and nothing "
             "replayed, delivered twice or executed twice."
         )
-    return Assessment(tuple(verdicts), tuple(gaps), summary)
+    contradicted = conflicts(facts, index.part)
+    if contradicted:
+        summary += (
+            " Another producer's events contradict this console's records: see the "
+            "conflicts to investigate."
+        )
+    return Assessment(tuple(verdicts), tuple(gaps), summary, tuple(contradicted))

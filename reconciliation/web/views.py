@@ -99,6 +99,10 @@ def _timeline_context(
         "dimensions": presenters.dimensions(timeline, now),
         "why": presenters.why_nothing_runs(timeline),
         "actions": presenters.action_forms(command, timeline.occurrence.tool.adapter),
+        # What every decision's form says it was shown.
+        "seen_state": operations.seen_state(command.state, max(e.number for e in timeline.epochs))
+        if command and timeline.epochs
+        else "",
         "rows": presenters.timeline_rows(timeline),
         "timeline_caption": presenters.timeline_caption(timeline),
         "timeline_links": presenters.timeline_links(timeline),
@@ -131,29 +135,30 @@ def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpRe
     )
     if command is None:
         raise Http404("No such command in your tenants.")
-    operator = request.user.get_username()
-    note = request.POST.get("note", "")
+    # Who decides, on what note, and on which state their page showed (the forms' hidden
+    # seen_state): a decision made on a page another decision has overtaken is refused.
+    who: dict[str, Any] = {
+        "command_id": pk,
+        "operator": request.user.get_username(),
+        "note": request.POST.get("note", ""),
+        "seen": request.POST.get("seen_state") or None,
+    }
     try:
         if action == "query-effect":
-            done = operations.command_query_effect(command_id=pk, operator=operator, note=note)
+            done = operations.command_query_effect(**who)
         elif action == "reconcile":
             done = operations.command_reconcile(
-                command_id=pk,
-                operator=operator,
-                note=note,
+                **who,
                 outcome=request.POST.get("outcome", ""),
                 evidence=request.POST.get("evidence", ""),
             )
         elif action == "accept-ambiguity":
-            done = operations.command_accept_ambiguity(command_id=pk, operator=operator, note=note)
+            done = operations.command_accept_ambiguity(**who)
         elif action == "retry":
-            done = operations.command_retry(command_id=pk, operator=operator, note=note)
+            done = operations.command_retry(**who)
         else:
             done = operations.command_compensate(
-                command_id=pk,
-                operator=operator,
-                note=note,
-                manual_evidence=request.POST.get("manual_evidence", ""),
+                **who, manual_evidence=request.POST.get("manual_evidence", "")
             )
     except ServiceError as refusal:
         # The page as it stands now, with why nothing was recorded.

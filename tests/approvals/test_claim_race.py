@@ -8,18 +8,16 @@ A process-local lock would prove nothing here, which is the point of using proce
 from __future__ import annotations
 
 import json
-import multiprocessing
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from multiprocessing.synchronize import Barrier
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 
 from approvals.claims.claim import approval_claim
@@ -39,6 +37,7 @@ from approvals.reviews.decisions import occurrence_approve, proposal_edit
 from approvals.reviews.proposals import occurrence_propose
 from approvals.reviews.revocation import approval_revoke
 from tests.conftest import REFUND_ARGS, Runtime, make_user
+from tests.races import Pool
 
 pytestmark = [
     pytest.mark.race,
@@ -52,12 +51,9 @@ PROCS = 8
 ROUNDS = 50
 HTTP_ROUNDS = 5
 APPROVE_ROUNDS = 15
-TIMEOUT = 60
 
 EDITED_ARGS: dict[str, Any] = {**REFUND_ARGS, "amount_minor": 100}
 MESSAGE_ARGS: dict[str, Any] = {"to": "ana@example.com", "subject": "Hello", "body": "Your parcel."}
-
-Job = tuple[Callable[..., Any], dict[str, Any]]
 
 
 # --- what the workers run (module level, so the jobs can be pickled by name) -------------
@@ -134,52 +130,6 @@ def redeliver_job(occurrence_id: str, execution_id: str) -> tuple[str, str]:
     except ServiceError as exc:
         return "refused", exc.code
     return "token", delivered.token
-
-
-def _worker(index: int, barrier: Barrier, inbox: Any, outbox: Any) -> None:
-    try:
-        while (job := inbox.get()) is not None:
-            function, kwargs = job
-            try:
-                barrier.wait(timeout=TIMEOUT)
-                result = function(**kwargs)
-            except Exception as exc:  # reported to the parent, which fails the test
-                result = ("crashed", f"{type(exc).__name__}: {exc}")
-            outbox.put((index, result))
-    finally:
-        connections.close_all()
-
-
-class Pool:
-    """PROCS forked workers; ``run`` hands each one a job and releases them together."""
-
-    def __init__(self, size: int) -> None:
-        ctx = multiprocessing.get_context("fork")
-        # The children must not share the parent's socket: each opens its own connection.
-        connections.close_all()
-        self.barrier = ctx.Barrier(size)
-        self.inboxes = [ctx.Queue() for _ in range(size)]
-        self.outbox = ctx.Queue()
-        self.processes = [
-            ctx.Process(target=_worker, args=(i, self.barrier, inbox, self.outbox), daemon=True)
-            for i, inbox in enumerate(self.inboxes)
-        ]
-        for process in self.processes:
-            process.start()
-
-    def run(self, jobs: list[Job]) -> list[Any]:
-        assert len(jobs) == len(self.inboxes)
-        for inbox, job in zip(self.inboxes, jobs, strict=True):
-            inbox.put(job)
-        results = dict(self.outbox.get(timeout=TIMEOUT) for _ in jobs)
-        return [results[i] for i in range(len(jobs))]
-
-    def close(self) -> None:
-        for inbox in self.inboxes:
-            inbox.put(None)
-        for process in self.processes:
-            process.join(timeout=TIMEOUT)
-            assert process.exitcode == 0, f"worker exited with {process.exitcode}"
 
 
 @pytest.fixture

@@ -102,16 +102,19 @@ def test_an_investigator_searches_a_fingerprint_and_sees_the_verdict(
     expect(page.locator("[data-verdict]")).to_have_count(1)
 
     _search(page, fingerprint)
+    # The console's own records judge its approval; the legacy worker's word is a conflict.
     expect(verdict.locator("h2")).to_have_text(
-        "Verdict: control failure, duplicated audit delivery"
+        "Verdict: duplicated audit delivery, control working"
     )
     items = verdict.locator("[data-verdict]")
     expect(items).to_have_count(2)
-    expect(items.nth(0)).to_have_attribute("data-verdict", "control_failure")
-    expect(items.nth(0)).to_contain_text("approved decisions for 2 executions")
-    expect(items.nth(0)).to_contain_text("legacy-worker-9")
-    expect(items.nth(1)).to_have_attribute("data-verdict", "duplicated_audit_delivery")
-    expect(items.nth(1)).to_contain_text(legacy["event_id"])
+    expect(items.nth(0)).to_have_attribute("data-verdict", "duplicated_audit_delivery")
+    expect(items.nth(0)).to_contain_text(legacy["event_id"])
+    expect(items.nth(1)).to_have_attribute("data-verdict", "control_working")
+    conflict = verdict.locator("#verdict-conflicts")
+    expect(conflict).to_contain_text("An external producer reports a second approved execution")
+    expect(conflict).to_contain_text("legacy-log-shipper")
+    expect(conflict).to_contain_text("approved for legacy-worker-9")
     expect(page.locator(".chain-table")).to_contain_text("claim.replayed")
     expect(page.locator(".chain-table")).to_contain_text("delivered \u00d72")
     for raw in (token, safe_token):

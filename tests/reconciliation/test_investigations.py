@@ -20,7 +20,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from approvals.access import tokens
+from approvals.audit.record import audit_record
 from approvals.models import Approval, AuditDuplicateDelivery, Command, Membership
+from approvals.vocabulary import AuditKind, ClaimDecision
 from reconciliation.dispatch import begin, command_dispatch, perform, record
 from reconciliation.investigations import page as investigation_page_module
 from reconciliation.investigations import reads as investigation_reads
@@ -280,14 +282,9 @@ def test_the_same_receipt_again_is_the_key_working_not_a_failure() -> None:
 
 
 def test_control_failure_one_fingerprint_two_approved_executions() -> None:
-    other = event(
-        "approval_decision",
-        decision="approved",
-        execution_id="exec-z",
-        command_id=CMD2,
-        ingestion_id=4,
-        occurrence_id="",
-    )
+    """The console's own audit trail records a second approved execution (what a broken
+    guard would write): that is a control failure."""
+    other = event("claim.approved", execution_id="exec-z", command_id=CMD2)
     facts = console_claim(other)
 
     assessment = assess(facts)
@@ -295,9 +292,103 @@ def test_control_failure_one_fingerprint_two_approved_executions() -> None:
     assert assessment.codes == [CONTROL_FAILURE]
     text = " ".join(assessment.verdicts[0].facts)
     assert f"Fingerprint {FP} has approved decisions for 2 executions: exec-a, exec-z" in text
-    assert "ingested in batch #4" in text
+    assert "written by this console" in text
     assert "2 commands came of it" in text
-    assert "This console's own claim admitted only exec-a" in text
+    assert "The approval row is consumed by exec-a only; the approval of exec-z is in the " in text
+    assert not assessment.conflicts
+
+
+def test_another_producers_approval_of_a_console_approval_is_a_conflict_not_a_verdict() -> None:
+    """A runtime key ingests claim.approved with this console's fingerprint and another
+    execution: its word is shown, with the producer named, and the verdict rests on the
+    console's own records (one approved execution)."""
+    other = event(
+        "claim.approved", execution_id="exec-z", command_id=CMD2, ingestion_id=4, occurrence_id=""
+    )
+    facts = dataclasses.replace(console_claim(other), producers={4: "legacy-worker"})
+
+    assessment = assess(facts)
+
+    assert assessment.codes == []
+    assert assessment.summary.startswith("None of the five stories")
+    assert "contradict this console's records" in assessment.summary
+    assert assessment.tone == "warn"
+    [conflict] = assessment.conflicts
+    assert conflict.title == "An external producer reports a second approved execution"
+    assert conflict.producer == "runtime key “legacy-worker”"
+    assert conflict.facts[:2] == (
+        f"This console's own records admit exec-a for fingerprint {FP}.",
+        f"Runtime key “legacy-worker” reports fingerprint {FP} approved for exec-z "
+        f"(claim.approved, producer event {other.event_id[:8]}, batch #4).",
+    )
+
+
+def test_another_producer_agreeing_with_the_console_is_no_conflict() -> None:
+    same = event("approval_decision", decision="approved", ingestion_id=4, command_id=CMD)
+    replayed = event("claim.replayed", execution_id="exec-b", command_id="", ingestion_id=4)
+
+    assessment = assess(console_claim(same, replayed))
+
+    assert assessment.codes == [], "its replays are no evidence of the console's control"
+    assert not assessment.conflicts
+
+
+def test_another_producers_approval_of_an_unclaimed_console_approval_is_a_conflict() -> None:
+    facts = Facts(
+        approvals=(approval(state="issued", consumed_by_execution="", command_id=""),),
+        events=(event("approval_decision", decision="approved", ingestion_id=2),),
+        events_total=1,
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == []
+    assert f"No claim of fingerprint {FP} is recorded" in " ".join(assessment.gaps)
+    [conflict] = assessment.conflicts
+    assert conflict.title == (
+        "An external producer reports an approved execution this console never admitted"
+    )
+    assert conflict.producer == "an unnamed producer (batch #2)"
+    assert f"This console's own records admit no execution for fingerprint {FP}." in conflict.facts
+
+
+def test_another_producers_claims_about_a_console_command_are_conflicts_not_verdicts() -> None:
+    """Named by command id alone (no fingerprint): a second approved execution, and an
+    effect committed with another receipt, neither turned into a verdict."""
+    facts = dataclasses.replace(
+        console_claim(
+            event("approval_decision", decision="approved", fingerprint="", ingestion_id=5),
+            event(
+                "approval_decision",
+                decision="approved",
+                fingerprint="",
+                execution_id="exec-q",
+                ingestion_id=5,
+            ),
+            event(
+                "effect.committed",
+                fingerprint="",
+                decision="committed",
+                receipt="re_9",
+                ingestion_id=5,
+            ),
+        ),
+        producers={5: "shipper"},
+    )
+
+    assessment = assess(facts)
+
+    assert assessment.codes == []
+    approved, receipt = assessment.conflicts
+    assert approved.title == "An external producer reports a second approved execution"
+    assert "This console's own records admit exec-a for command 11111111." in approved.facts
+    assert any("approved for exec-q" in fact for fact in approved.facts)
+    assert receipt.title == "An external producer reports an effect this console did not record"
+    assert receipt.facts[:2] == (
+        "This console recorded command 11111111's effect with receipt re_1.",
+        f"Runtime key “shipper” reports it committed with receipt re_9 "
+        f"(effect.committed, producer event {facts.events[3].event_id[:8]}, batch #5).",
+    )
 
 
 def test_control_failure_from_another_producer_alone() -> None:
@@ -604,17 +695,59 @@ def test_story_idempotent_execution_failure(
     assert "otto accepted the ambiguity" in page
 
 
+def approved_again_by_a_broken_guard(story: Story, execution_id: str) -> None:
+    """A second claim.approved in the console's own audit trail, as a claim whose guard did
+    not hold would write it."""
+    approval_row = Approval.objects.get(occurrence_id=story.occurrence_id)
+    audit_record(
+        kind=AuditKind.CLAIM_APPROVED,
+        tenant=approval_row.tenant_id,
+        occurrence=approval_row.occurrence_id,
+        token_fingerprint=story.fingerprint,
+        decision=ClaimDecision.APPROVED,
+        reason_code="claimed",
+        execution_id=execution_id,
+        command_id=uuid.uuid4(),
+    )
+
+
 @pytest.mark.django_db
-def test_story_control_failure(runtime: Runtime, reviewer: Any, tenant: Any, ops: Client) -> None:
+def test_story_control_failure(runtime: Runtime, reviewer: Any, ops: Client) -> None:
     story = claimed(runtime, reviewer, "exec-a", ref="cf")
-    other_system = make_runtime(tenant, "legacy-worker")
-    ingest(other_system, producer_line(fingerprint=story.fingerprint, execution_id="exec-z"))
+    approved_again_by_a_broken_guard(story, "exec-z")
 
     page = page_of(ops, story.fingerprint)
 
     assert verdicts(page) == [CONTROL_FAILURE]
     assert "approved decisions for 2 executions: exec-a, exec-z" in page
-    assert "This console&#x27;s own claim admitted only exec-a" in page
+    assert "The approval row is consumed by exec-a only" in page
+    assert 'id="verdict-conflicts"' not in page
+
+
+@pytest.mark.django_db
+def test_story_another_producer_reports_a_second_approved_execution(
+    runtime: Runtime, reviewer: Any, tenant: Any, ops: Client
+) -> None:
+    """A runtime key ingests claim.approved with a real approval's fingerprint and another
+    execution id: no control failure on its word, a conflict naming it instead."""
+    story = claimed(runtime, reviewer, "exec-a", ref="cf")
+    other_system = make_runtime(tenant, "legacy-worker")
+    ingest(
+        other_system,
+        producer_line(kind="claim.approved", fingerprint=story.fingerprint, execution_id="exec-z"),
+    )
+
+    page = page_of(ops, story.fingerprint)
+
+    assert verdicts(page) == []
+    assert "Verdict: none of the five stories" in page
+    conflicts = page[page.index('id="verdict-conflicts"') :]
+    assert "An external producer reports a second approved execution" in conflicts
+    assert "runtime key “legacy-worker”" in conflicts
+    assert f"This console&#x27;s own records admit exec-a for fingerprint {story.fingerprint}" in (
+        conflicts
+    )
+    assert "approved for exec-z" in conflicts
     assert Command.objects.count() == 1, "the console itself created one command"
 
 
@@ -627,11 +760,10 @@ def test_the_five_stories_are_told_apart(
     healthy = claimed(runtime, reviewer, "exec-h", ref="s2")
     runtime.claim(healthy.token, "exec-h")
     failure = claimed(runtime, reviewer, "exec-f", ref="s3")
+    approved_again_by_a_broken_guard(failure, "exec-g")
     producer = make_runtime(tenant, "producer")
     duplicated = producer_line(fingerprint="d0d0d0d0d0d0d0d0")
-    ingest(
-        producer, duplicated, producer_line(fingerprint=failure.fingerprint, execution_id="exec-g")
-    )
+    ingest(producer, duplicated)
     ingest(producer, duplicated)
 
     assert verdicts(investigate(ops, working.fingerprint)[1]) == [CONTROL_WORKING]
@@ -839,8 +971,70 @@ def test_reviewers_see_no_investigate_link(client: Client, reviewer: Any) -> Non
 
 
 @pytest.mark.django_db
-def test_the_page_answers_get_only(ops: Client) -> None:
-    assert ops.post("/investigations/", {"q": "x"}).status_code == 405
+def test_the_page_answers_get_and_its_search_post_only(ops: Client) -> None:
+    assert ops.put("/investigations/", {"q": "x"}).status_code == 405
+    assert ops.delete("/investigations/").status_code == 405
+
+
+# --- the search box: a POST, so that what was typed is in no address and no log ---------------
+
+
+def _search_form(page: str) -> str:
+    form = page[page.index('<form id="investigate-form"') :]
+    return form[: form.index("</form>")]
+
+
+@pytest.mark.django_db
+def test_a_search_is_posted_and_redirected_to_an_address_that_names_no_token(
+    runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    story = control_working(runtime, reviewer)
+    form = _search_form(ops.get("/investigations/").content.decode())
+    assert 'method="post"' in form and 'name="csrfmiddlewaretoken"' in form
+
+    pasted = ops.post("/investigations/", {"q": f" {story.token} "})
+
+    assert pasted.status_code == 302
+    assert pasted["Location"] == f"/investigations/?q={story.fingerprint}"
+    page = ops.get(pasted["Location"]).content.decode()
+    assert "replaced by its fingerprint" in page and story.token not in page
+    assert verdicts(page) == [CONTROL_WORKING]
+    by_id = ops.post("/investigations/", {"q": story.command_id})
+    assert by_id["Location"] == f"/investigations/?q={story.command_id}"
+    assert verdicts(ops.get(by_id["Location"]).content.decode()) == [CONTROL_WORKING]
+
+
+@pytest.mark.django_db
+def test_a_posted_runtime_key_or_nothing_goes_back_to_the_empty_box(
+    runtime: Runtime, ops: Client
+) -> None:
+    key = ops.post("/investigations/", {"q": runtime.raw_key})
+
+    assert (key.status_code, key["Location"]) == (302, "/investigations/")
+    page = ops.get(key["Location"]).content.decode()
+    assert "That looks like a runtime key" in page and runtime.raw_key not in page
+    assert ops.post("/investigations/", {"q": "  "})["Location"] == "/investigations/"
+
+
+@pytest.mark.django_db
+def test_a_search_without_its_csrf_token_is_refused(operator: Any) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.login(username=operator.username, password=PASSWORD)
+
+    assert client.post("/investigations/", {"q": "exec-a"}).status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_title_shows_the_query_revealed_as_the_page_does(ops: Client) -> None:
+    """A U+202E in the query would reorder the page's title in the tab and the history."""
+    page = page_of(ops, "exec-\u202egnp.exe")
+
+    [title] = re.findall(r"<title>(.*?)</title>", page, re.S)
+    assert title == "Investigate exec-\\u202egnp.exe · Approval console"
+    nothing = page[page.index('id="verdict"') :]
+    assert "\u202e" not in nothing and "\\u202e" in nothing
+    [long_title] = re.findall(r"<title>(.*?)</title>", page_of(ops, "x" * 30))
+    assert long_title == f"Investigate {'x' * 23}… · Approval console"
 
 
 # --- queries per page -------------------------------------------------------------------------
@@ -891,7 +1085,7 @@ def test_queries_do_not_grow_with_rows(
         assert len(queries) == few[q], q
 
 
-# --- the chain's rows, rendered in Python (reconciliation/templatetags/investigation.py) ---
+# --- the chain's rows (the investigation page's chain-row and chain-gap partials) ------------
 
 
 def chain_row(row: Any, show_tenant: bool, every_step_url: str = "") -> str:

@@ -22,8 +22,10 @@ from approvals.models import (
     Occurrence,
     ToolContract,
 )
+from reconciliation.adapters.payments import PaymentsAdapter
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
+from reconciliation.operator_actions import command_accept_ambiguity
 from reconciliation.selectors import queue as queue_selectors
 from reconciliation.selectors import timeline as timeline_selectors
 from reconciliation.selectors.queue import (
@@ -561,3 +563,244 @@ def test_the_queue_asks_only_for_the_rows_of_reasons_with_items(
     ]
     assert len([sql for sql in rows if re.search(r'FROM "?approvals_approval"?', sql)]) == 1
     assert not [sql for sql in rows if re.search(r'FROM "?approvals_command"? x', sql)]
+
+
+# --- what an operator's call keeps when its decision is refused -----------------------------
+
+
+def _reversals(remote: SandboxProcess) -> list[dict[str, Any]]:
+    return [r for r in remote.requests() if r["path"].endswith("/reversal")]
+
+
+def _refund_sent_by_a_worker_that_died(runtime: Runtime, reviewer: Any, remote: Any) -> Command:
+    """A refund whose delivery died after phase 1 while the remote made the refund."""
+    command = claim_command(runtime, reviewer)
+    begin(command_id=command.pk)
+    remote.client.post(
+        "/v1/refunds",
+        json={"payment_id": "pay_123", "amount_minor": 8000, "currency": "EUR", "reason": "x"},
+        headers={
+            "Authorization": f"Bearer {remote.api_key}",
+            "Idempotency-Key": command.idempotency_key,
+        },
+    )
+    return command
+
+
+def test_a_query_answer_that_arrives_after_the_state_moved_is_kept_on_its_invocation(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another operator accepts the ambiguity while the adapter is asked: the query's
+    decision is refused, but its answer stays on its invocation, finished, and the next
+    delivery does not close it as abandoned by a dead worker."""
+    command = _refund_sent_by_a_worker_that_died(runtime, reviewer, remote)
+    [refund] = remote.refunds()
+    real_query = PaymentsAdapter.query_effect
+
+    def meanwhile(adapter: PaymentsAdapter, call: Any) -> Any:
+        answer = real_query(adapter, call)
+        command_accept_ambiguity(command_id=command.pk, operator="oona", note="resend it")
+        return answer
+
+    monkeypatch.setattr(PaymentsAdapter, "query_effect", meanwhile)
+
+    response = act(ops, command, "query-effect")
+
+    assert response.status_code == 409
+    assert "its answer is kept on the invocation" in response.content.decode()
+    query = AdapterInvocation.objects.get(command=command, justification="operator_query")
+    assert query.finished_at is not None
+    assert (query.outcome, query.receipt) == ("committed", refund["id"])
+    assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["accept_ambiguity"]
+
+    command_dispatch(command_id=command.pk)  # the accepted epoch's delivery
+
+    query.refresh_from_db()
+    assert (query.outcome, query.receipt) == ("committed", refund["id"]), "not abandoned"
+    dead = AdapterInvocation.objects.get(command=command, number=1)
+    assert dead.outcome == "abandoned", "the call whose worker did die"
+
+
+def test_a_reversal_the_remote_refused_keeps_its_answer_and_leaves_nothing_open(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    remote.fault("declined")
+
+    refused = act(ops, command, "compensate", note="refunded twice by hand")
+
+    assert refused.status_code == 409
+    failed = AdapterInvocation.objects.get(command=command, kind="compensate")
+    assert failed.finished_at is not None
+    assert failed.outcome == "rejected" and "402 declined" in failed.detail
+    page = refused.content.decode()
+    assert "The adapter did not confirm the reversal: 402 declined" in page
+    assert "the effect is still committed" in page
+    command.refresh_from_db()
+    assert command.state == State.COMMITTED
+    assert not OperatorDecision.objects.exists()
+
+    again = act(ops, command, "compensate", note="the processor is back")
+
+    assert again.status_code == 302, "no call left open blocks the next compensation"
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+    calls = AdapterInvocation.objects.filter(command=command, kind="compensate")
+    assert [(c.number, c.outcome) for c in calls] == [(2, "rejected"), (3, "committed")]
+    [refund] = remote.refunds()
+    assert refund["status"] == "reversed"
+
+
+def test_a_second_compensation_while_one_is_out_is_refused_with_the_state(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    tenant: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    real_compensate = PaymentsAdapter.compensate
+    meanwhile: list[Any] = []
+
+    def while_out(adapter: PaymentsAdapter, call: Any, receipt: str) -> Any:
+        meanwhile.append(act(second, command, "compensate", note="me too"))
+        meanwhile.append(act(second, command, "compensate", manual_evidence="done by phone"))
+        return real_compensate(adapter, call, receipt)
+
+    monkeypatch.setattr(PaymentsAdapter, "compensate", while_out)
+
+    first = act(ops, command, "compensate")
+
+    assert first.status_code == 302
+    for response in meanwhile:
+        assert response.status_code == 409
+        page = response.content.decode()
+        assert "a compensation of this effect is already in progress (invocation 2" in page
+        assert "The effect is still committed. Nothing was recorded." in page
+    assert len(_reversals(remote)) == 1
+    assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["otto"]
+
+
+def test_a_compensation_left_unfinished_by_a_dead_request_is_given_up_and_its_answer_kept(
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    ops: Client,
+    tenant: Any,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past OPERATIONS_STUCK_SECONDS an open compensation belongs to a request that died:
+    another operator may compensate. If the first answer still arrives, it is added to the
+    given-up call, and its decision is refused: the effect moved meanwhile."""
+    settings.OPERATIONS_STUCK_SECONDS = 0
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    real_compensate = PaymentsAdapter.compensate
+    meanwhile: list[Any] = []
+    calls = iter(range(2))
+
+    def slow(adapter: PaymentsAdapter, call: Any, receipt: str) -> Any:
+        if next(calls) == 0:  # the first call hangs while the second operator compensates
+            meanwhile.append(act(second, command, "compensate", note="it hangs: again"))
+        return real_compensate(adapter, call, receipt)
+
+    monkeypatch.setattr(PaymentsAdapter, "compensate", slow)
+
+    late = act(ops, command, "compensate")
+
+    assert meanwhile[0].status_code == 302
+    assert late.status_code == 409
+    assert "changed to compensated meanwhile" in late.content.decode()
+    given_up, done = AdapterInvocation.objects.filter(command=command, kind="compensate")
+    [refund] = remote.refunds()
+    assert given_up.outcome == "abandoned" and given_up.finished_at is not None
+    assert "the request that made it died" in given_up.detail
+    assert (
+        f"the answer arrived after the call was given up: committed, receipt "
+        f"{refund['reversal_id']}" in given_up.detail
+    )
+    assert (done.outcome, done.receipt) == ("committed", refund["reversal_id"])
+    command.refresh_from_db()
+    assert command.state == State.COMPENSATED
+    assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["oona"]
+
+
+# --- the state a decision was made on ----------------------------------------------------------
+
+_SEEN_STATE = re.compile(r'name="seen_state" value="([^"]*)"')
+
+
+def shown_state(client: Client, command: Command) -> str:
+    page = client.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    values = set(_SEEN_STATE.findall(page))
+    assert len(values) == 1, "every decision's form names the state the page shows"
+    return values.pop()
+
+
+def test_a_decision_made_on_a_page_another_decision_overtook_is_refused(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client, tenant: Any
+) -> None:
+    """Both operators see the outcome unknown. The first accepts the ambiguity, and the new
+    delivery ends unknown again: the same effect, in another epoch. The second's reconcile,
+    decided on the old page, is refused and the page shows what is there now."""
+    command = unknown_message(runtime, reviewer, remote)
+    second = Client()
+    second.force_login(make_user("oona", tenant, Membership.Role.OPERATOR))
+    seen = shown_state(ops, command)
+    assert seen == shown_state(second, command) == "outcome_unknown:1"
+
+    accepted = act(ops, command, "accept-ambiguity", seen_state=seen)
+    assert accepted.status_code == 302
+    remote.fault("timeout_after_effect")
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+
+    late = act(
+        second, command, "reconcile", outcome="not_committed", evidence="no mail", seen_state=seen
+    )
+
+    assert late.status_code == 409
+    page = late.content.decode()
+    assert "Refused: the effect is now outcome unknown (epoch 2), not what your page showed" in page
+    assert shown_state(second, command) == "outcome_unknown:2", "the page as it is now"
+    assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["accept_ambiguity"]
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+
+
+def test_a_decision_on_the_state_shown_goes_through_and_an_unreadable_one_is_422(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+
+    unreadable = act(
+        ops, command, "reconcile", outcome="committed", evidence="m", seen_state="x' or 1=1"
+    )
+    assert unreadable.status_code == 422
+    assert "did not say which state it was shown" in unreadable.content.decode()
+
+    response = act(
+        ops,
+        command,
+        "reconcile",
+        outcome="committed",
+        evidence="msg_1",
+        seen_state=shown_state(ops, command),
+    )
+
+    assert response.status_code == 302
+    command.refresh_from_db()
+    assert command.state == State.RECONCILED
