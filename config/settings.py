@@ -203,6 +203,14 @@ TEMPLATES = [
             ],
         },
     },
+    # The long tables' rows, in templates/jinja2/ (approvals.web.jinja); autoescape is on.
+    {
+        "BACKEND": "django.template.backends.jinja2.Jinja2",
+        "NAME": "jinja2",
+        "DIRS": [BASE_DIR / "templates" / "jinja2"],
+        "APP_DIRS": False,
+        "OPTIONS": {"environment": "approvals.web.jinja.environment", "autoescape": True},
+    },
 ]
 
 # Served by config/asgi.py (set there): every request runs in a thread of its own that ends

@@ -13,7 +13,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString
 
-from approvals.web.text import plain_reveal, reveal_html
+from approvals.web.text import plain_reveal, reveal_value
 
 register = template.Library()
 
@@ -33,8 +33,4 @@ def title_text(query: str) -> str:
 
 @register.filter(is_safe=True)
 def reveal(value: Any) -> SafeString:
-    if isinstance(value, SafeString):
-        return value
-    if value is None:
-        return SafeString("")
-    return reveal_html(str(value))
+    return reveal_value(value)

@@ -17,6 +17,7 @@ from approvals.web.forms import (
     InboxFilterForm,
     TenantSwitchForm,
 )
+from approvals.web.jinja import render_rows
 from approvals.web.presenters.inbox import inbox_list, inbox_stamp
 from approvals.web.selectors.access import console_access
 from approvals.web.selectors.inbox import (
@@ -93,6 +94,10 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         "show_tenant": scope is None and len(access.tenants) > 1,
         "has_access": bool(access.tenants),
     }
+    context["rows_html"] = render_rows(
+        "approvals/inbox_rows.html",
+        {"rows": context.get("rows", []), "show_tenant": context["show_tenant"]},
+    )
     if request.htmx and not request.htmx.history_restore_request:
         return render(request, "approvals/inbox.html#inbox-list", context)
     return render(request, "approvals/inbox.html", context)

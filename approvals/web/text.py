@@ -144,3 +144,14 @@ def argument_flags(arguments: Any) -> list[ArgumentFlag]:
             if len(flags) == _MAX_FLAGS:
                 return flags
     return flags
+
+
+def reveal_value(value: Any) -> SafeString:
+    """Any value as ``reveal_html`` shows agent text; one already revealed (a SafeString)
+    as it is, so that it is never escaped twice; None as nothing. What templates' ``reveal``
+    filter does (``approvals.templatetags.console_text``, ``approvals.web.jinja``)."""
+    if isinstance(value, SafeString):
+        return value
+    if value is None:
+        return SafeString("")
+    return reveal_html(str(value))

@@ -20,6 +20,7 @@ from approvals.models import (
     Occurrence,
     Proposal,
 )
+from approvals.web.jinja import render_rows
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
 from approvals.web.text import reveal_html
@@ -353,14 +354,19 @@ def investigation_page(
         Count("audit event", "audit events", facts.events_total, []),
         Count("duplicate delivery", "duplicate deliveries", len(facts.deliveries), []),
     ]
+    every_url = _investigation_url(found.query, every_step=True)
     return {
         "assessment": assessment,
         "occurrence_links": links,
         "approval_rows": approval_rows,
         "command_rows": command_rows,
-        "chain": chain_rows(found, tenant_names, every_step=every_step),
+        "chain": (chain := chain_rows(found, tenant_names, every_step=every_step)),
+        "chain_html": render_rows(
+            "reconciliation/chain_rows.html",
+            {"rows": chain.rows, "show_tenant": show_tenant, "every_step_url": every_url},
+        ),
         "every_step": every_step,
-        "every_step_url": _investigation_url(found.query, every_step=True),
+        "every_step_url": every_url,
         "fewer_steps_url": _investigation_url(found.query, every_step=False),
         "chain_window": CHAIN_WINDOW,
         "deliveries": delivery_rows(found),

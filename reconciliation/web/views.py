@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.errors import ServiceError
 from approvals.models import Command, Tenant
 from approvals.reviews.selectors import parse_uuid, tool_ids
+from approvals.web.jinja import render_rows
 from approvals.web.selectors.access import console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
@@ -59,7 +60,10 @@ def queue(request: HttpRequest) -> HttpResponse:
     query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
     context = {
         **links,
-        "rows": presenters.queue_rows(items, now),
+        "rows": (rows := presenters.queue_rows(items, now)),
+        "rows_html": render_rows(
+            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": len(tenants) > 1}
+        ),
         "counts": [(r, Reason.LABELS[r], counts[r]) for r in Reason.ORDER],
         "total": total,
         # The queue lists the oldest QUEUE_LIMIT; the rest wait their turn (or a filter).
@@ -103,7 +107,9 @@ def _timeline_context(
         "seen_state": operations.seen_state(command.state, max(e.number for e in timeline.epochs))
         if command and timeline.epochs
         else "",
-        "rows": presenters.timeline_rows(timeline),
+        "rows_html": render_rows(
+            "reconciliation/timeline_rows.html", {"rows": presenters.timeline_rows(timeline)}
+        ),
         "timeline_caption": presenters.timeline_caption(timeline),
         "timeline_links": presenters.timeline_links(timeline),
         "money": presenters.money_lines(

@@ -8,7 +8,6 @@ import re
 from typing import Any
 
 import pytest
-from django.template.loader import render_to_string
 from django.test import Client
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -17,6 +16,7 @@ from approvals.models import Membership, Occurrence, Tenant
 from approvals.reviews.decisions import occurrence_reject
 from approvals.reviews.proposals import occurrence_propose
 from approvals.reviews.selectors import inbox_tools
+from approvals.web.jinja import render_rows
 from approvals.web.presenters import inbox as inbox_presenters
 from approvals.web.selectors.inbox import InboxQuery, inbox_page
 from approvals.web.text import ArgumentFlag
@@ -409,8 +409,8 @@ def test_a_path_flagged_twice_in_a_row_is_named_once(runtime: Runtime) -> None:
     flagged = dataclasses.replace(row, flags=[flag("reason"), flag("reason"), flag("to")])
 
     def rendered(row: Any) -> str:
-        context = {"row": row, "show_tenant": False}
-        return render_to_string("approvals/inbox.html#inbox-row", context)
+        context = {"rows": [row], "show_tenant": False}
+        return render_rows("approvals/inbox_rows.html", context)
 
     html = rendered(flagged)
     assert "⚠ look-alike text in <code>reason</code>, <code>to</code></span>" in html

@@ -1090,11 +1090,10 @@ def test_queries_do_not_grow_with_rows(
 
 def chain_row(row: Any, show_tenant: bool, every_step_url: str = "") -> str:
     """One row of the investigation's chain, as its page renders it."""
-    from django.template.loader import render_to_string
+    from approvals.web.jinja import render_rows
 
-    partial = "chain-gap" if row.gap else "chain-row"
-    context = {"row": row, "show_tenant": show_tenant, "every_step_url": every_step_url}
-    return render_to_string(f"reconciliation/investigation.html#{partial}", context).strip()
+    context = {"rows": [row], "show_tenant": show_tenant, "every_step_url": every_step_url}
+    return render_rows("reconciliation/chain_rows.html", context).strip()
 
 
 def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() -> None:

@@ -26,11 +26,11 @@ from approvals.models import (
 )
 from approvals.reviews.selectors import effective_approval_state
 from approvals.vocabulary import AuditKind
+from approvals.web.jinja import render_rows
 from approvals.web.money import format_money, minor_units, money_lines
 from approvals.web.presenters.history import (
     EvidencePart,
     HistoryLink,
-    HistoryRow,
     evidence_parts,
     evidence_text,
     history_caption,
@@ -234,7 +234,7 @@ class DecisionPanel:
     rejection_reason: SafeString
     expires_in: str
     history: list[AuditEvent]
-    history_rows: list[HistoryRow]
+    history_html: SafeString  # the window's rows (templates/jinja2/approvals/history_rows.html)
     history_total: int
     history_caption: str
     history_links: list[HistoryLink]
@@ -349,7 +349,7 @@ def decision_panel(
         rejection_reason=reveal_html(occurrence.rejection_reason),
         expires_in=expires_in,
         history=history,
-        history_rows=history_rows(history),
+        history_html=render_rows("approvals/history_rows.html", {"rows": history_rows(history)}),
         history_total=window.total,
         history_caption=history_caption(window),
         history_links=history_links(occurrence.pk, window),
