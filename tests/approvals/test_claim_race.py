@@ -42,6 +42,7 @@ from tests.conftest import REFUND_ARGS, Runtime, make_user
 
 pytestmark = [
     pytest.mark.race,
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
