@@ -1,15 +1,43 @@
 # Sourced by bin/demo, bin/test and bin/serve: make .venv with the project installed from
 # the lock files (requirements/base.txt, requirements/dev.txt), so that every machine runs
 # the versions the suite was run with. Reinstalls only when the lock changed since the last
-# install. Refresh the locks after changing pyproject.toml with:
+# install. PYTHON=python3.13 uses that interpreter, in a venv of its own (.venv-py3.13), so
+# that CI's second run on the newest Python never reinstalls or overwrites .venv. Refresh
+# the locks after changing pyproject.toml with:
 #   .venv/bin/pip install uv && .venv/bin/uv pip compile pyproject.toml --universal \
 #       --python-version 3.11 -o requirements/base.txt
 #   (and the same with --extra dev -o requirements/dev.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
-PY="${PYTHON:-python3.11}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# A runnable path for interpreter $1 (a name on PATH or a path), or nothing and failure.
+# Run, not just found: pyenv puts a shim on PATH for every version it has installed, which
+# fails for a version not selected, so such a name is looked up among pyenv's versions.
+python_path() {
+    if "$1" -c '' >/dev/null 2>&1; then
+        echo "$1"
+        return 0
+    fi
+    command -v pyenv >/dev/null 2>&1 || return 1
+    local version
+    version="$(pyenv whence "$1" 2>/dev/null | sort -V | tail -n 1)"
+    [ -n "$version" ] || return 1
+    local path
+    path="$(pyenv root)/versions/$version/bin/$1"
+    "$path" -c '' >/dev/null 2>&1 || return 1
+    echo "$path"
+}
+
+if [ -n "${PYTHON:-}" ]; then
+    if ! PY="$(python_path "$PYTHON")"; then
+        echo "error: PYTHON=$PYTHON does not run here; name an interpreter (or its path) that does" >&2
+        exit 2
+    fi
+    VENV="$ROOT/.venv-py$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+else
+    PY="$(python_path python3.11 || echo python3)"
+    VENV="$ROOT/.venv"
+fi
 
 # PyICU (Unicode TR39 confusables, from ICU itself) builds against the system's ICU.
 ensure_icu() {

@@ -37,6 +37,26 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+# Fixtures that start processes for the test that uses them, directly or through another
+# fixture: such a test is slow, and bin/test --fast skips it (docs/testing.md). A module whose
+# every test is slow for another reason says so itself, with pytestmark.
+SLOW_FIXTURES = frozenset(
+    {
+        "browser",  # Chromium, through Playwright (tests/browser/conftest.py)
+        "broker",  # a real Redis for real Celery workers or bin/serve (worker_fixture.py)
+        "workers",  # Celery worker and beat processes (worker_fixture.py)
+        "asgi_server",  # gunicorn serving config/asgi.py (tests/serve/servers.py)
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 REFUND_ARGS: dict[str, Any] = {
     "payment_id": "pay_123",
     "amount_minor": 8000,

@@ -23,6 +23,8 @@ from approvals.access.tenancy import tenant_create
 from approvals.models import Membership
 from tests.conftest import make_user
 
+pytestmark = pytest.mark.slow  # a live server and the schemathesis CLI, for a minute and more
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 

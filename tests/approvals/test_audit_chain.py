@@ -526,6 +526,7 @@ def forked(transactional_db: Any) -> Iterator[Any]:
 
 
 @pytest.mark.race
+@pytest.mark.slow
 @on_postgresql
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_and_extenders_never_fork_the_chain(

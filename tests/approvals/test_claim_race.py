@@ -41,6 +41,7 @@ from tests.races import Pool
 
 pytestmark = [
     pytest.mark.race,
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"

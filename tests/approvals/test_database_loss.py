@@ -31,6 +31,8 @@ import pytest
 
 from tests.conftest import REFUND_ARGS
 
+pytestmark = pytest.mark.slow  # a PostgreSQL cluster of its own, stopped and started again
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

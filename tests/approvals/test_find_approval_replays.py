@@ -561,6 +561,7 @@ def audit_file(lines: int, fingerprints: int) -> Iterator[bytes]:
     yield b"".join(filler[n % 4] for n in range(remaining))
 
 
+@pytest.mark.slow  # scans files of a million lines in processes of their own
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_memory_stays_flat_as_the_file_grows() -> None:
     small, out_small = peak_rss_kb(audit_file(100_000, 2_000))
@@ -574,6 +575,7 @@ def test_memory_stays_flat_as_the_file_grows() -> None:
     assert large - small < 6_000, (small, large)
 
 
+@pytest.mark.slow  # scans files of 200,000 lines in processes of their own
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_memory_per_approved_fingerprint_is_small() -> None:
     few, _ = peak_rss_kb(audit_file(200_000, 1_000))

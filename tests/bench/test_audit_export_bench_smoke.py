@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+pytestmark = pytest.mark.slow  # the benchmark as a process
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "audit_export_bench.py"
 
 

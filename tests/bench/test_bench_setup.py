@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each benchmark loaded in a process of its own
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 

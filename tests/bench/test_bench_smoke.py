@@ -16,6 +16,8 @@ from django.db import connection
 
 from approvals.models import Approval, Command
 
+pytestmark = pytest.mark.slow  # the benchmark as a process, forking its claimers
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "claim_bench.py"
 
 

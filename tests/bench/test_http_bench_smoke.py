@@ -17,6 +17,8 @@ from django.db import connection
 from approvals.models import Approval, AuditEvent, Command, Occurrence, Tenant
 from tests.bench.test_bench_smoke import _test_database_url
 
+pytestmark = pytest.mark.slow  # the benchmark as a process, with gunicorn and pgbench
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "http_bench.py"
 ARMS = ["pgbench", "bare", "cheapest", "auto", "propose", "pickup", "claim", "replay"]
 

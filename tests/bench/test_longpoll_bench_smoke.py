@@ -15,6 +15,8 @@ from django.db import connection
 
 from tests.bench.test_bench_smoke import _test_database_url
 
+pytestmark = pytest.mark.slow  # the benchmark as a process, with the asgi server
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "longpoll_bench.py"
 
 

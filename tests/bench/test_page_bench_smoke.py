@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+pytestmark = pytest.mark.slow  # the benchmark as a process, seeding a database
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "page_bench.py"
 
 

@@ -15,6 +15,8 @@ from django.db import connection
 
 from bench.page_instructions import PAGES, collected
 
+pytestmark = pytest.mark.slow  # the benchmark as processes, on a database of its own
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the benchmark as a process
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "replay_scan_bench.py"
 
 

@@ -39,6 +39,7 @@ from tests.test_settings_hardening import (
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,  # Chromium, and runserver processes
 ]
 
 # Long enough for a load trigger to fire and for the inbox to poll once.

@@ -17,6 +17,8 @@ from standardwebhooks import Webhook
 from tests.demo import sandbox_fixture
 from tests.demo.sandbox_fixture import WEBHOOK_SECRET, SandboxProcess, start_sandbox
 
+pytestmark = pytest.mark.slow  # a sandbox process per test, some killed and restarted
+
 # Imported under its own name so every test here can ask for it.
 sandbox_server = sandbox_fixture.sandbox_server
 

@@ -23,6 +23,8 @@ from reconciliation.dispatch import command_dispatch
 from tests.conftest import approve, make_runtime
 from tests.demo.sandbox_fixture import ROOT, start_sandbox
 
+pytestmark = pytest.mark.slow  # the sandbox and simulate_agent as processes, for tens of seconds
+
 STEPS = 50
 DEADLINE = 60.0
 

@@ -161,6 +161,7 @@ def test_the_queue_poll_renders_the_list_alone(ops: Client) -> None:
     assert body.lstrip().startswith('<div id="queue-list"') and "<html" not in body
 
 
+@pytest.mark.slow  # five messages, each waiting out the adapter's 1 s read timeout
 def test_queries_per_queue_page_do_not_grow_with_rows(
     remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
 ) -> None:

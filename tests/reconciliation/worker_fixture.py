@@ -27,6 +27,7 @@ import random
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -41,7 +42,8 @@ from django.db import connection
 from config.celery import app as celery_app
 from tests.demo.sandbox_fixture import ROOT, SandboxProcess
 
-CELERY = ROOT / ".venv" / "bin" / "celery"
+# The venv running the tests (.venv, or .venv-py3.13 under PYTHON=python3.13): its own celery.
+CELERY = Path(sys.executable).with_name("celery")
 QUEUE = "celery"
 CALLBACKS_QUEUE = "callbacks"
 # kombu's Redis transport keeps a delivered, unacknowledged message in these keys.

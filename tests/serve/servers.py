@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.reconciliation.worker_fixture import ROOT, children_of, worker_database_url
 
-VENV_BIN = ROOT / ".venv" / "bin"
-GUNICORN = VENV_BIN / "gunicorn"
+# The venv running the tests (.venv, or .venv-py3.13 under PYTHON=python3.13): its own gunicorn.
+GUNICORN = Path(sys.executable).with_name("gunicorn")
 METRICS_TOKEN = "metrics-" + os.urandom(12).hex()
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 40.0

@@ -39,9 +39,12 @@ from tests.serve.servers import (
     scrape,
 )
 
-pytestmark = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="bin/serve runs on PostgreSQL and Redis"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="bin/serve runs on PostgreSQL and Redis"
+    ),
+    pytest.mark.slow,  # bin/serve starts gunicorn, a worker and beat
+]
 
 broker = worker_fixture.broker
 SERVE = str(ROOT / "bin" / "serve")
