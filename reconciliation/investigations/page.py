@@ -22,7 +22,7 @@ from approvals.models import (
 )
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
-from approvals.web.text import reveal_html
+from approvals.web.text import plain_reveal, reveal_html
 from reconciliation.investigations.facts import (
     APPROVED,
     DUPLICATE_DELIVERY,
@@ -102,7 +102,7 @@ class Count:
     def title(self) -> str:
         """The first values counted, and how many more (a chain of thousands of replays
         counts as many executions: a tooltip cannot list them, the chain below does)."""
-        return _listing(self.values, TITLE_VALUES, separator=", ")
+        return plain_reveal(_listing(self.values, TITLE_VALUES, separator=", "))
 
 
 def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:
