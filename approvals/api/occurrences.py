@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.http import (
@@ -17,11 +17,12 @@ from django.http import (
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import parse_etags, quote_etag
 from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict, StrictStr
+from pydantic import BeforeValidator, ConfigDict, StrictStr
+from pydantic_core import PydanticCustomError
 
 from approvals import metrics
 from approvals.access import reviewer_tokens
-from approvals.api import openapi
+from approvals.api import longpoll, openapi
 from approvals.api.base import ReviewerTokenAuth, RuntimeKeyAuth, runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
 from approvals.api.schemas import (
@@ -181,8 +182,19 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     }
 
 
+def _ascii_seconds(value: Any) -> Any:
+    """``wait`` as the long-poll reads it (``approvals.api.longpoll.WAIT_DIGITS``): pydantic
+    alone would take ``"1\u3000"`` or ``" 1"`` (it strips any Unicode space) and ``"1_0"``,
+    which the long-poll does not read, so the view would wait in a thread instead."""
+    if isinstance(value, str) and not longpoll.WAIT_DIGITS.fullmatch(value):
+        raise PydanticCustomError(
+            "int_parsing", "Input should be a whole number of seconds in the ASCII digits 0-9"
+        )
+    return value
+
+
 class WaitQuery(Schema):
-    wait: int = Field(
+    wait: Annotated[int, BeforeValidator(_ascii_seconds)] = Field(
         0,
         ge=0,
         le=settings.LONG_POLL_MAX_SECONDS,
