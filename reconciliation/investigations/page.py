@@ -175,7 +175,9 @@ def chain_rows(
     newest ``CHAIN_WINDOW`` and, before them, only what the verdict rests on (approved
     claims, effects, events delivered more than once, adapter calls); each run of steps left
     out becomes one ``ChainGap``. ``every_step`` shows them all."""
-    later = Counter(d.original_pk for d in found.facts.deliveries)
+    later: Counter[int] = Counter()
+    for delivery in found.facts.deliveries:
+        later[delivery.original_pk] += delivery.copies
     # (time, tie-break, the step, its deliveries, its flag): rows are built for shown ones.
     steps: list[tuple[datetime, int, EventFact | AdapterInvocation, int, str]] = []
     for event in found.facts.events:
@@ -259,7 +261,8 @@ def delivery_rows(found: Investigation) -> list[DeliveryRow]:
                 execution=reveal_html(event.execution_id),
                 first=first,
                 again=f"batch #{delivery.ingestion_id}, {_at(delivery.received_at)}, "
-                f"line {delivery.line}",
+                f"line {delivery.line}"
+                + (f" and {delivery.copies - 1} more" if delivery.copies > 1 else ""),
                 same_payload=delivery.same_payload,
             )
         )
