@@ -81,22 +81,28 @@ class ReviewerTokenAuth(HttpBearer):
 
 
 class RuntimeKeyThrottle(BaseThrottle):
-    """Requests per runtime key per window (``approvals.access.ratelimit``), run by ninja after
-    authentication on every operation. ninja asks ``allow_request`` and then ``wait`` of
-    one shared instance, so what the answer needs is kept per thread."""
+    """Requests per runtime key, or per reviewer's access token, per window
+    (``approvals.access.ratelimit``), run by ninja after authentication on every operation.
+    ninja asks ``allow_request`` and then ``wait`` of one shared instance, so what the
+    answer needs is kept per thread."""
 
     def __init__(self) -> None:
         self._local = threading.local()
 
     def allow_request(self, request: HttpRequest) -> bool:
-        key = getattr(request, "auth", None)
-        if not isinstance(key, RuntimeKey):
+        caller = getattr(request, "auth", None)
+        if not isinstance(caller, RuntimeKey | ReviewerToken):
             return True
         if getattr(request, "scope", {}).get(longpoll.REREAD_SCOPE_KEY):
             # A long-poll's later reads (approvals.longpoll): its first read was counted.
             self._local.wait, self._local.limit = None, None
             return True
-        admission = ratelimit.request_admit(key)
+        if isinstance(caller, ReviewerToken):
+            admission = ratelimit.token_request_admit(caller)
+            self._local.caller = "access token"
+        else:
+            admission = ratelimit.request_admit(caller)
+            self._local.caller = "runtime key"
         self._local.wait = admission.retry_after
         self._local.limit = admission.limit
         return admission.allowed
@@ -108,6 +114,10 @@ class RuntimeKeyThrottle(BaseThrottle):
     def limit(self) -> int | None:
         limit: int | None = getattr(self._local, "limit", None)
         return limit
+
+    def caller(self) -> str:
+        """What was counted: "runtime key" or "access token"."""
+        return str(getattr(self._local, "caller", "runtime key"))
 
 
 def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -220,7 +230,7 @@ def _rate_limited(request: HttpRequest, exc: Throttled) -> HttpResponse:
     window = settings.API_RATE_WINDOW_SECONDS
     response = error_response(
         "rate_limited",
-        f"This runtime key made more than {limit} requests in {window} seconds; "
+        f"This {_throttle.caller()} made more than {limit} requests in {window} seconds; "
         f"retry after {retry_after} seconds.",
         429,
     )
