@@ -37,13 +37,14 @@ from ninja.throttling import BaseThrottle
 
 from approvals.access import ratelimit, reviewer_tokens
 from approvals.access.runtime_keys import runtime_key_authenticate
-from approvals.api import longpoll, openapi
+from approvals.api import contract_openapi, longpoll, openapi
 from approvals.api.errors import error_response
 from approvals.canonical.parsing import parse_json
 from approvals.errors import InputError, ServiceError
 from approvals.models import (
     ReviewerToken,
     RuntimeKey,
+    ToolContract,
 )
 
 
@@ -138,14 +139,35 @@ def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpR
 
 
 class AgentAPI(NinjaAPI):
+    _documents = contract_openapi.DocumentCache()
+
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
     ) -> OpenAPISchema:
         # ninja's document, plus what it cannot derive from the operations: response
-        # headers, links between operations, UUID path parameters (approvals.openapi).
-        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
-        openapi.complete(schema)
-        return schema
+        # headers, links between operations, UUID path parameters (approvals.api.openapi),
+        # and the tool contracts as they are now (approvals.api.contract_openapi).
+        if path_prefix is None:
+            path_prefix = self.get_root_path(path_params or {})
+        contracts = [
+            (name, schema)
+            for name, schema in ToolContract.objects.order_by("name").values_list(
+                "name", "json_schema"
+            )
+        ]
+
+        def build() -> dict[str, Any]:
+            schema = super(AgentAPI, self).get_openapi_schema(path_prefix=path_prefix)
+            openapi.complete(schema)
+            contract_openapi.add_contracts(schema, contracts)
+            # ninja's OpenAPISchema is a dict that also holds the API object; the cache
+            # keeps (and copies) the document alone.
+            return dict(schema)
+
+        document: OpenAPISchema = self._documents.get(
+            path_prefix, contract_openapi.contracts_version(contracts), build
+        )
+        return document
 
     def get_openapi_operation_id(self, operation: Operation) -> str:
         # The ids API v1 was published with, "<app>_api_<view>", whichever module of the

@@ -382,6 +382,8 @@ def test_ingestion_needs_a_runtime_key(tenant: Tenant, authorization: str | None
     assert not AuditEvent.objects.exists()
 
 
+# The document describes the tool contracts, read from the database.
+@pytest.mark.django_db
 def test_the_schema_documents_ingestion(client: Any) -> None:
     schema = client.get("/api/v1/openapi.json").json()
 
