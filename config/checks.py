@@ -1,10 +1,9 @@
 """The console's own system checks: settings Django's checks cannot judge.
 
-``manage.py check --deploy`` (which ``bin/serve`` runs before it starts anything) warns
-about what makes a deployment reachable or callable where it should not be; a missing
-``PAYMENTS_URL`` is an error with DEBUG off, for every command that runs the checks
-(``check``, ``migrate``, ``runserver``): the console would otherwise call nothing, where it
-used to call the sandbox's loopback address.
+``manage.py check --deploy`` (which ``bin/serve`` runs before it starts anything, failing
+at ERROR) warns about what makes a deployment reachable or callable where it should not
+be, and refuses a deployment without ``PAYMENTS_URL`` (an error with DEBUG off): the console
+would call nothing, where it used to call the sandbox's loopback address.
 """
 
 from __future__ import annotations
@@ -55,10 +54,12 @@ def check_callback_targets(app_configs: Any, **kwargs: Any) -> list[CheckMessage
     return found
 
 
-@register()
+@register(deploy=True)
 def check_adapter_urls(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """Where the adapters call (reconciliation.adapters). The sandbox default exists only
-    where the demo is installed (config/settings.py), so a deployment names them."""
+    where the demo is installed (config/settings.py), so a deployment names them. A
+    deployment check: ``makemigrations`` or ``migrate`` on a machine that is no deployment
+    need no payments API."""
     found: list[CheckMessage] = []
     if not settings.PAYMENTS_URL:
         # The only payments endpoint there is: without it no refund can be executed.

@@ -82,7 +82,8 @@ def test_the_warnings_fail_check_deploy_at_warning_level() -> None:
 def test_a_missing_payments_url_is_an_error_with_debug_off() -> None:
     environment = {k: v for k, v in PRODUCTION_ENV.items() if k != "PAYMENTS_URL"}
 
-    result = check(**environment)
+    # As bin/serve runs it: errors stop the start, warnings do not.
+    result = check("--deploy", "--fail-level", "ERROR", **environment)
 
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
@@ -92,10 +93,28 @@ def test_a_missing_payments_url_is_an_error_with_debug_off() -> None:
 def test_a_missing_messages_webhook_url_is_a_warning() -> None:
     environment = {k: v for k, v in PRODUCTION_ENV.items() if k != "MESSAGES_WEBHOOK_URL"}
 
-    result = check(**environment)
+    result = check("--deploy", "--fail-level", "ERROR", **environment)
 
     assert result.returncode == 0
     assert "(console.W005) MESSAGES_WEBHOOK_URL is not set" in result.stdout + result.stderr
+
+
+def test_makemigrations_needs_no_adapter_url() -> None:
+    """bin/test runs it with DEBUG off and no demo: no deployment, no payments API."""
+    environment = {k: v for k, v in PRODUCTION_ENV.items() if not k.endswith("_URL")}
+    environment["DATABASE_URL"] = PRODUCTION_ENV["DATABASE_URL"]
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
+        cwd=ROOT,
+        env=clean_env(**environment),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "console.E001" not in result.stdout + result.stderr
 
 
 def test_the_sandbox_is_the_adapters_default_only_where_the_demo_is_installed() -> None:
@@ -114,7 +133,7 @@ def test_the_sandbox_is_the_adapters_default_only_where_the_demo_is_installed() 
 
 
 def test_with_debug_a_missing_payments_url_is_only_a_warning() -> None:
-    result = check(DEBUG="1", CONSOLE_DEMO="0")
+    result = check("--deploy", "--fail-level", "ERROR", DEBUG="1", CONSOLE_DEMO="0")
 
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
