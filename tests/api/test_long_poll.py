@@ -399,6 +399,8 @@ def test_500_waiters_are_each_woken_within_a_second_of_their_decision(
     assert reads <= 2 * WAITERS + 10, reads
 
 
+# The document describes the tool contracts, read from the database.
+@pytest.mark.django_db
 def test_the_wait_parameter_is_in_the_schema(client: Any) -> None:
     schema = client.get("/api/v1/openapi.json").json()
     parameters = schema["paths"]["/api/v1/occurrences/{occurrence_id}"]["get"]["parameters"]
