@@ -31,6 +31,7 @@ start; run without it, this file makes a fresh temporary one.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -102,6 +103,44 @@ if _own_metrics_dir:
     _metrics_dir = tempfile.mkdtemp(prefix="console-metrics-")
     # Set before any worker imports prometheus_client: it chooses file-backed values then.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+
+
+def _debug_on() -> bool:
+    # As config/settings.py reads it; a value it cannot read stops the workers there.
+    return os.environ.get("DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _loopback(address: str) -> bool:
+    """Whether a gunicorn bind address ("host:port", "[::1]:port", "unix:path",
+    "fd://n") is reachable from this machine only."""
+    if address.startswith("unix:"):
+        return True
+    if address.startswith("fd://"):
+        return False  # a socket handed over: where it listens is unknown here
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
+    host = host.removeprefix("[").removesuffix("]").strip().lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def on_starting(server: Any) -> None:
+    """Refuse DEBUG on any address but the loopback, before anything listens: DEBUG serves
+    a development key published in config/settings.py and full tracebacks. Checked here,
+    on the addresses gunicorn will bind (HOST, or -b on its command line) and the
+    environment it will give the workers (-e included)."""
+    if not _debug_on():
+        return
+    public = [address for address in server.cfg.bind if not _loopback(address)]
+    if public:
+        raise SystemExit(
+            f"gunicorn.conf.py: refusing to serve DEBUG=1 on {', '.join(public)}: DEBUG "
+            "serves a public development key and full tracebacks, on 127.0.0.1, ::1 or "
+            "localhost only. Unset DEBUG (and set SECRET_KEY) to serve anywhere else."
+        )
 
 
 def post_worker_init(worker: Any) -> None:

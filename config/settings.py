@@ -9,6 +9,7 @@ own, and a variable that cannot be parsed is an error rather than a silent defau
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from datetime import timedelta
@@ -136,6 +137,33 @@ def secret_key(*, debug: bool) -> str:
     )
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name, or an address with or without brackets) names this machine
+    only: localhost and its subdomains, 127.0.0.0/8, ::1."""
+    host = host.strip().lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
+
+
+def debug_hosts(hosts: list[str], *, debug: bool) -> list[str]:
+    """``hosts``, refused when DEBUG is on and one is not loopback: DEBUG serves the public
+    development key (above) and full tracebacks, so it is for this machine only
+    (config/gunicorn.conf.py refuses to bind elsewhere with it, for the same reason)."""
+    if debug:
+        public = [host for host in hosts if not is_loopback_host(host)]
+        if public:
+            raise ImproperlyConfigured(
+                f"DEBUG is on, and ALLOWED_HOSTS names {', '.join(map(repr, public))}: DEBUG "
+                "serves a public development key and full tracebacks, so it is for this "
+                "machine only (127.0.0.1, localhost, [::1]). Unset DEBUG for any other host."
+            )
+    return hosts
+
+
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = secret_key(debug=DEBUG)
 # Earlier secret keys, newest first (comma-separated): what they signed (sessions, password
@@ -143,7 +171,7 @@ SECRET_KEY = secret_key(debug=DEBUG)
 # still read. Rotating: the new key in SECRET_KEY, the old one here; once
 # `manage.py reencrypt_secrets` has run and the old sessions have expired, drop it.
 SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+ALLOWED_HOSTS = debug_hosts(env_list("ALLOWED_HOSTS", "127.0.0.1,localhost"), debug=DEBUG)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
@@ -160,6 +188,8 @@ INSTALLED_APPS = [
     "axes",
     "approvals",
     "reconciliation",
+    # The console's own system checks (config/checks.py).
+    "config.apps.ConsoleConfig",
 ]
 # The demo (a sandbox payments service, seed data, a simulated agent: the demo app and its
 # management commands) is installed for bin/demo and the tests, never in production.
@@ -475,13 +505,17 @@ ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
 # much of an answer: a slow or huge receiver holds a worker for a bounded time and memory.
 OUTBOUND_DEADLINE_SECONDS = env_float("OUTBOUND_DEADLINE_SECONDS", 30.0, minimum=0.1)
 OUTBOUND_MAX_RESPONSE_BYTES = env_int("OUTBOUND_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
-# The defaults point at the sandbox (manage.py run_sandbox_payments) in development only:
-# a deployment names its payments API and webhook, and without a secret of its own an
-# adapter call is refused by the remote (recorded as an authentication challenge) rather
-# than signed with a value published in this file.
-PAYMENTS_URL = _env("PAYMENTS_URL") or "http://127.0.0.1:8100"
+# The URLs default to the sandbox (manage.py run_sandbox_payments) only where the demo is
+# installed (bin/demo, the tests): a deployment names its payments API and webhook, and a
+# missing one is a system check error (config/checks.py), never a call to the loopback.
+# Without a secret of its own an adapter call is refused by the remote (recorded as an
+# authentication challenge) rather than signed with a value published in this file.
+SANDBOX_URL = "http://127.0.0.1:8100"
+PAYMENTS_URL = _env("PAYMENTS_URL") or (SANDBOX_URL if CONSOLE_DEMO else "")
 PAYMENTS_API_KEY = _env("PAYMENTS_API_KEY") or ("sk_sandbox" if DEBUG else "")
-MESSAGES_WEBHOOK_URL = _env("MESSAGES_WEBHOOK_URL") or "http://127.0.0.1:8100/v1/messages"
+MESSAGES_WEBHOOK_URL = _env("MESSAGES_WEBHOOK_URL") or (
+    f"{SANDBOX_URL}/v1/messages" if CONSOLE_DEMO else ""
+)
 MESSAGES_WEBHOOK_SECRET = _env("MESSAGES_WEBHOOK_SECRET") or ("whsec_sandbox" if DEBUG else "")
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "DEBUG" if DEBUG else "INFO")

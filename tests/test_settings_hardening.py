@@ -46,6 +46,9 @@ PRODUCTION_ENV = {
     "SECURE_HSTS_SECONDS": "31536000",
     "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
     "SECURE_HSTS_PRELOAD": "1",
+    # Where the adapters call: without the demo installed, nothing is assumed (config/checks.py).
+    "PAYMENTS_URL": "https://payments.example.com",
+    "MESSAGES_WEBHOOK_URL": "https://hooks.example.com/messages",
 }
 
 BOOLEANS = [

@@ -23,6 +23,11 @@ That happens at the key's first request in a later window, or in the Celery beat
 ``usage_report_closed`` (once a window) for a key that went quiet. The DELETE … RETURNING
 and the audit event share a transaction, so a window is reported exactly once.
 
+Reviewers' access tokens (``approvals.access.reviewer_tokens``) are held to the same limit
+per token, counted the same way in their own rows (``ReviewerTokenUsage``); a window in
+which a token went over it is reported by the same ``security.refusals_burst`` event,
+naming the token and its owner.
+
 Refusals that name a real approval (``replayed``, ``scope_mismatch``, ``expired``,
 ``revoked``) and duplicate deliveries are never budgeted: they are the evidence that tells a
 replay from a redelivery, and a runtime could otherwise spend the budget on bogus tokens to
@@ -41,8 +46,9 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 
+from approvals.access.reviewer_tokens import via
 from approvals.audit.record import audit_record
-from approvals.models import RuntimeKey, RuntimeKeyUsage
+from approvals.models import ReviewerToken, ReviewerTokenUsage, RuntimeKey, RuntimeKeyUsage, Tenant
 from approvals.vocabulary import AuditKind, EventReason
 
 BURST_EVENT = AuditKind.SECURITY_REFUSALS_BURST
@@ -73,9 +79,10 @@ def current_window(at: float | None = None) -> Window:
     return Window(start=int(moment // seconds) * seconds, seconds=seconds)
 
 
-def request_limit(key: RuntimeKey) -> int:
-    """Requests per window for this key: its tenant's limit, or the setting's."""
-    limit = key.tenant.api_rate_limit
+def request_limit(key: RuntimeKey | ReviewerToken) -> int:
+    """Requests per window for this key or token: its tenant's limit, or the setting's."""
+    tenant: Tenant = key.tenant
+    limit = tenant.api_rate_limit
     return int(limit if limit else settings.API_RATE_LIMIT)
 
 
@@ -131,6 +138,30 @@ def unknown_token_refusal_counted(key: RuntimeKey) -> bool:
     one, False if only the window's burst event will count it."""
     _, refusals = _upsert(key, current_window(), requests=0, refusals=1)
     return refusals <= audited_refusals_per_window()
+
+
+_TOKEN_UPSERT = """
+    INSERT INTO {usage} AS u (reviewer_token_id, window_start, window_seconds, request_limit,
+                              requests)
+    VALUES (%s, %s, %s, %s, 1)
+    ON CONFLICT (reviewer_token_id, window_start) DO UPDATE
+       SET requests = u.requests + 1, request_limit = EXCLUDED.request_limit
+    RETURNING requests
+"""
+
+
+def token_request_admit(token: ReviewerToken) -> Admission:
+    """``request_admit`` for a reviewer's access token: its own counter, the same limit."""
+    at = now()
+    window = current_window(at)
+    limit = request_limit(token)
+    sql = _TOKEN_UPSERT.format(usage=ReviewerTokenUsage._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (token.pk, window.start, window.seconds, limit))
+        (requests,) = cursor.fetchone()
+    if requests == 1:
+        token_usage_report_closed_windows(reviewer_token_id=token.pk, at=at)
+    return Admission(requests <= limit, int(requests), limit, window.retry_after(at))
 
 
 # --- reporting ended windows ----------------------------------------------------------------
@@ -215,9 +246,77 @@ def usage_report_closed_windows(
     return written
 
 
+class _TokenEnded(NamedTuple):
+    reviewer_token_id: int
+    window_start: int
+    window_seconds: int
+    request_limit: int
+    requests: int
+
+
+_TAKE_ENDED_TOKENS = """
+    DELETE FROM {usage}
+     WHERE window_start + window_seconds <= %s {only_token}
+ RETURNING reviewer_token_id, window_start, window_seconds, request_limit, requests
+"""
+
+
+def token_usage_report_closed_windows(
+    *, reviewer_token_id: int | None = None, at: float | None = None
+) -> int:
+    """``usage_report_closed_windows`` for reviewers' access tokens: one
+    ``security.refusals_burst`` event per ended window in which a token went over its
+    limit, naming the token and its owner."""
+    moment = now() if at is None else at
+    sql = _TAKE_ENDED_TOKENS.format(
+        usage=ReviewerTokenUsage._meta.db_table,
+        only_token="AND reviewer_token_id = %s" if reviewer_token_id is not None else "",
+    )
+    params: list[Any] = [int(moment)]
+    if reviewer_token_id is not None:
+        params.append(reviewer_token_id)
+    written = 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            ended = [_TokenEnded(*row) for row in cursor.fetchall()]
+        bursts = [e for e in ended if e.requests > e.request_limit]
+        if not bursts:
+            return 0
+        found = ReviewerToken.objects.select_related("user").in_bulk(
+            {e.reviewer_token_id for e in bursts}
+        )
+        for e in sorted(bursts, key=lambda e: (e.reviewer_token_id, e.window_start)):
+            token = found.get(e.reviewer_token_id)
+            if token is None:  # deleted since; its rows went with it (CASCADE)
+                continue
+            throttled = e.requests - e.request_limit
+            audit_record(
+                kind=BURST_EVENT,
+                tenant=token.tenant_id,
+                actor=via(token),
+                reason_code=EventReason.REFUSALS_BURST,
+                data={
+                    "count": throttled,
+                    "window_start": _iso(e.window_start),
+                    "window_end": _iso(e.window_start + e.window_seconds),
+                    "window_seconds": e.window_seconds,
+                    "token_id": token.pk,
+                    "token": token.name,
+                    "owner": str(token.user.get_username()),
+                    "requests": e.requests,
+                    "request_limit": e.request_limit,
+                    "rate_limited": throttled,
+                },
+            )
+            written += 1
+    return written
+
+
 # The name it was first declared under (queued messages and the beat schedule name it).
 @shared_task(name="approvals.ratelimit.usage_report_closed", ignore_result=True)
 def usage_report_closed() -> int:
-    """Report every key's ended windows (Celery beat, once a window), so that the burst of a
-    key that went quiet is in the audit trail within a minute of its window's end."""
-    return usage_report_closed_windows()
+    """Report every key's and access token's ended windows (Celery beat, once a window), so
+    that the burst of one that went quiet is in the audit trail within a minute of its
+    window's end."""
+    return usage_report_closed_windows() + token_usage_report_closed_windows()

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
@@ -109,15 +109,29 @@ def _owner(token: ReviewerToken) -> str:
     return str(token.user.get_username())
 
 
+def owner_reviews() -> Exists:
+    """Whether the token's owner is a reviewer of the token's tenant, now."""
+    return Exists(
+        Membership.objects.filter(
+            user_id=OuterRef("user_id"),
+            tenant_id=OuterRef("tenant_id"),
+            role=Membership.Role.REVIEWER,
+        )
+    )
+
+
 @sensitive_variables("raw")
 def reviewer_token_authenticate(raw: str) -> ReviewerToken | None:
     """The live token ``raw`` names (not revoked, not expired, its user active), with its
-    user and tenant, or None. Read from the database on every call: revocation is at once."""
+    user and tenant, or None; ``token.owner_reviews`` says whether its owner is still a
+    reviewer of its tenant (``reviewer_token_require_reviewer``). Read from the database on
+    every call, in one query: a revocation or a removal from the tenant counts at once."""
     if not raw.startswith(tokens.REVIEWER_TOKEN_PREFIX):
         return None
     now = timezone.now()
     token = (
         ReviewerToken.objects.select_related("user", "tenant")
+        .annotate(owner_reviews=owner_reviews())
         .filter(token_hash=tokens.hash_secret(raw), revoked_at__isnull=True, expires_at__gt=now)
         .first()
     )
@@ -132,6 +146,34 @@ def reviewer_token_authenticate(raw: str) -> ReviewerToken | None:
         ).update(last_used_at=now)
         token.last_used_at = now
     return token
+
+
+def reviewer_token_require_reviewer(token: ReviewerToken) -> None:
+    """Refuse a token whose owner is no longer a reviewer of its tenant (removed, or left
+    with another role): 403 ``forbidden``, as a decision by that owner always was. Every
+    use of a token passes here, reads and long-polls included."""
+    if not getattr(token, "owner_reviews", False):
+        raise ServiceError(
+            "forbidden",
+            "The owner of this access token is no longer a reviewer of its tenant.",
+            403,
+        )
+
+
+def reviewer_token_recheck(token: ReviewerToken) -> ReviewerToken | None:
+    """``token`` read again, as ``reviewer_token_authenticate`` reads it, or None when it no
+    longer authenticates: a long-poll that waits in its thread asks before each read."""
+    return (
+        ReviewerToken.objects.select_related("user", "tenant")
+        .annotate(owner_reviews=owner_reviews())
+        .filter(
+            pk=token.pk,
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+            user__is_active=True,
+        )
+        .first()
+    )
 
 
 def via(token: ReviewerToken) -> str:

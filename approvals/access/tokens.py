@@ -12,6 +12,15 @@ RUNTIME_KEY_PREFIX = "rk_"
 REVIEWER_TOKEN_PREFIX = "pat_"
 CALLBACK_SECRET_PREFIX = "whsec_"
 
+# Every kind of secret the console hands out, by the prefix it mints it with: whatever
+# must never store one (the audit trail) refuses them all.
+SECRET_PREFIXES = (
+    APPROVAL_TOKEN_PREFIX,
+    RUNTIME_KEY_PREFIX,
+    REVIEWER_TOKEN_PREFIX,
+    CALLBACK_SECRET_PREFIX,
+)
+
 
 def mint(prefix: str) -> str:
     # 32 random bytes: 256 bits of entropy, URL-safe.

@@ -186,10 +186,12 @@ _AUDIT_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _FINGERPRINT = re.compile(r"^[A-Za-z0-9_-]{1,16}$")
 
 
-# A raw approval token or runtime key: never stored in the audit trail (a token's
-# fingerprint is what names it there).
+# A raw secret of any kind the console issues (approval token, runtime key, reviewer's
+# access token, callback signing secret): never stored in the audit trail (a token's
+# fingerprint is what names it there). 16 characters after the prefix are enough to refuse:
+# a secret cut short still gives most of itself away.
 _RAW_TOKEN = re.compile(
-    f"(?:{re.escape(tokens.APPROVAL_TOKEN_PREFIX)}|{re.escape(tokens.RUNTIME_KEY_PREFIX)})"
+    f"(?:{'|'.join(re.escape(prefix) for prefix in tokens.SECRET_PREFIXES)})"
     r"[A-Za-z0-9_-]{16,}"
 )
 
@@ -285,7 +287,9 @@ def _audit_field(name: str, value: Any) -> Any:
         raise _LineRefused(name, "too_long", f"{name} is longer than {longest} characters.")
     if _RAW_TOKEN.search(value):
         raise _LineRefused(
-            name, "raw_token", f"{name} holds a raw token or key; send a token's fingerprint."
+            name,
+            "raw_token",
+            f"{name} holds a raw token, key or secret of this console; send a token's fingerprint.",
         )
     if name in {"event_id", "command_id", "occurrence_id"}:
         try:
@@ -386,9 +390,12 @@ def _ndjson_body(request: HttpRequest) -> bytes | HttpResponse:
     "`fingerprint`, `decision`, `execution_id`, `message_id`, `command_id`, `source_time` "
     "(ISO 8601 with an offset), and optionally `reason_code` and `occurrence_id`; the values "
     "an event does not have may be null. A producer event id stored before (by an earlier "
-    "batch or an earlier line) is stored once and counted as a duplicate delivery. A bad "
+    "batch or an earlier line) is stored once and counted as a duplicate delivery (kept as "
+    "one record per batch with the number of its lines, and the line as sent only when it "
+    "says something else than the stored event). A bad "
     "line refuses the whole batch with 422, naming each bad line. At most 1 MiB. No value "
-    "may hold a raw approval token or runtime key (`raw_token`); each line is strict JSON "
+    "may hold a raw secret of this console: an approval token, a runtime key, a reviewer's "
+    "access token or a callback secret (`raw_token`); each line is strict JSON "
     "(no NUL character, integers within ±(2^53 - 1)); an `occurrence_id` must name an "
     "occurrence of the key's tenant (`unknown_occurrence`).",
     openapi_extra={

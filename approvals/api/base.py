@@ -37,13 +37,14 @@ from ninja.throttling import BaseThrottle
 
 from approvals.access import ratelimit, reviewer_tokens
 from approvals.access.runtime_keys import runtime_key_authenticate
-from approvals.api import longpoll, openapi
+from approvals.api import contract_openapi, longpoll, openapi
 from approvals.api.errors import error_response
 from approvals.canonical.parsing import parse_json
 from approvals.errors import InputError, ServiceError
 from approvals.models import (
     ReviewerToken,
     RuntimeKey,
+    ToolContract,
 )
 
 
@@ -81,22 +82,28 @@ class ReviewerTokenAuth(HttpBearer):
 
 
 class RuntimeKeyThrottle(BaseThrottle):
-    """Requests per runtime key per window (``approvals.access.ratelimit``), run by ninja after
-    authentication on every operation. ninja asks ``allow_request`` and then ``wait`` of
-    one shared instance, so what the answer needs is kept per thread."""
+    """Requests per runtime key, or per reviewer's access token, per window
+    (``approvals.access.ratelimit``), run by ninja after authentication on every operation.
+    ninja asks ``allow_request`` and then ``wait`` of one shared instance, so what the
+    answer needs is kept per thread."""
 
     def __init__(self) -> None:
         self._local = threading.local()
 
     def allow_request(self, request: HttpRequest) -> bool:
-        key = getattr(request, "auth", None)
-        if not isinstance(key, RuntimeKey):
+        caller = getattr(request, "auth", None)
+        if not isinstance(caller, RuntimeKey | ReviewerToken):
             return True
         if getattr(request, "scope", {}).get(longpoll.REREAD_SCOPE_KEY):
             # A long-poll's later reads (approvals.longpoll): its first read was counted.
             self._local.wait, self._local.limit = None, None
             return True
-        admission = ratelimit.request_admit(key)
+        if isinstance(caller, ReviewerToken):
+            admission = ratelimit.token_request_admit(caller)
+            self._local.caller = "access token"
+        else:
+            admission = ratelimit.request_admit(caller)
+            self._local.caller = "runtime key"
         self._local.wait = admission.retry_after
         self._local.limit = admission.limit
         return admission.allowed
@@ -108,6 +115,10 @@ class RuntimeKeyThrottle(BaseThrottle):
     def limit(self) -> int | None:
         limit: int | None = getattr(self._local, "limit", None)
         return limit
+
+    def caller(self) -> str:
+        """What was counted: "runtime key" or "access token"."""
+        return str(getattr(self._local, "caller", "runtime key"))
 
 
 def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -128,14 +139,35 @@ def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpR
 
 
 class AgentAPI(NinjaAPI):
+    _documents = contract_openapi.DocumentCache()
+
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
     ) -> OpenAPISchema:
         # ninja's document, plus what it cannot derive from the operations: response
-        # headers, links between operations, UUID path parameters (approvals.openapi).
-        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
-        openapi.complete(schema)
-        return schema
+        # headers, links between operations, UUID path parameters (approvals.api.openapi),
+        # and the tool contracts as they are now (approvals.api.contract_openapi).
+        if path_prefix is None:
+            path_prefix = self.get_root_path(path_params or {})
+        contracts = [
+            (name, schema)
+            for name, schema in ToolContract.objects.order_by("name").values_list(
+                "name", "json_schema"
+            )
+        ]
+
+        def build() -> dict[str, Any]:
+            schema = super(AgentAPI, self).get_openapi_schema(path_prefix=path_prefix)
+            openapi.complete(schema)
+            contract_openapi.add_contracts(schema, contracts)
+            # ninja's OpenAPISchema is a dict that also holds the API object; the cache
+            # keeps (and copies) the document alone.
+            return dict(schema)
+
+        document: OpenAPISchema = self._documents.get(
+            path_prefix, contract_openapi.contracts_version(contracts), build
+        )
+        return document
 
     def get_openapi_operation_id(self, operation: Operation) -> str:
         # The ids API v1 was published with, "<app>_api_<view>", whichever module of the
@@ -220,7 +252,7 @@ def _rate_limited(request: HttpRequest, exc: Throttled) -> HttpResponse:
     window = settings.API_RATE_WINDOW_SECONDS
     response = error_response(
         "rate_limited",
-        f"This runtime key made more than {limit} requests in {window} seconds; "
+        f"This {_throttle.caller()} made more than {limit} requests in {window} seconds; "
         f"retry after {retry_after} seconds.",
         429,
     )

@@ -67,10 +67,16 @@ _OCCURRENCE_PATH = re.compile(
 )
 
 
+# ASCII digits only: str.isdigit() and int() also take "\uff11" (fullwidth), "\u0663"
+# (Arabic-Indic) and, for isdigit() alone, "\u00b2", on which int() raises.
+WAIT_DIGITS = re.compile(r"[0-9]+")
+
+
 def parse_wait(raw: str) -> int | None:
     """Seconds to wait, or None when ``raw`` is not a whole number in 1..LONG_POLL_MAX_SECONDS
-    (0 and anything invalid are left to the API view: 0 answers at once, the rest is 422)."""
-    if not raw.isdigit() or len(raw) > 4:
+    written in ASCII digits (0 and anything invalid are left to the API view: 0 answers at
+    once, the rest is 422, by the same rule: ``WaitQuery``)."""
+    if len(raw) > 4 or not WAIT_DIGITS.fullmatch(raw):
         return None
     seconds = int(raw)
     if 1 <= seconds <= settings.LONG_POLL_MAX_SECONDS:

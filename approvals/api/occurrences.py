@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.http import (
@@ -17,11 +17,13 @@ from django.http import (
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import parse_etags, quote_etag
 from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict, StrictStr
+from ninja.errors import AuthenticationError
+from pydantic import BeforeValidator, ConfigDict, StrictStr
+from pydantic_core import PydanticCustomError
 
 from approvals import metrics
 from approvals.access import reviewer_tokens
-from approvals.api import openapi
+from approvals.api import longpoll, openapi
 from approvals.api.base import ReviewerTokenAuth, RuntimeKeyAuth, runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
 from approvals.api.schemas import (
@@ -122,6 +124,8 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
 def _get_occurrence(request: HttpRequest, occurrence_id: str) -> Occurrence:
     # The caller's tenant: a runtime key's, or a reviewer token's (GET and decisions).
     caller: RuntimeKey | ReviewerToken = request.auth  # type: ignore[attr-defined]
+    if isinstance(caller, ReviewerToken):
+        reviewer_tokens.reviewer_token_require_reviewer(caller)
     occurrence = occurrence_get_for_tenant(tenant=caller.tenant, occurrence_id=occurrence_id)
     if occurrence is None:
         raise Http404
@@ -181,8 +185,19 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     }
 
 
+def _ascii_seconds(value: Any) -> Any:
+    """``wait`` as the long-poll reads it (``approvals.api.longpoll.WAIT_DIGITS``): pydantic
+    alone would take ``"1\u3000"`` or ``" 1"`` (it strips any Unicode space) and ``"1_0"``,
+    which the long-poll does not read, so the view would wait in a thread instead."""
+    if isinstance(value, str) and not longpoll.WAIT_DIGITS.fullmatch(value):
+        raise PydanticCustomError(
+            "int_parsing", "Input should be a whole number of seconds in the ASCII digits 0-9"
+        )
+    return value
+
+
 class WaitQuery(Schema):
-    wait: int = Field(
+    wait: Annotated[int, BeforeValidator(_ascii_seconds)] = Field(
         0,
         ge=0,
         le=settings.LONG_POLL_MAX_SECONDS,
@@ -199,7 +214,14 @@ class WaitQuery(Schema):
     "/occurrences/{occurrence_id}",
     # A reviewer's tool reads it too, to see the digest it approves.
     auth=[RuntimeKeyAuth(), ReviewerTokenAuth()],
-    response={200: OccurrenceOut, 304: None, **AUTH_ERRORS, 404: ErrorOut, 422: ErrorOut},
+    response={
+        200: OccurrenceOut,
+        304: None,
+        **AUTH_ERRORS,
+        403: ErrorOut,
+        404: ErrorOut,
+        422: ErrorOut,
+    },
     summary="An occurrence: what was proposed, approved, claimed and executed",
     description="The current proposal (canonical action, parsed arguments, digest, version, "
     "who edited it), the approval's state, the latest command with its effect, every "
@@ -207,7 +229,9 @@ class WaitQuery(Schema):
     "resume after a crash. The answer carries an `ETag`; a poller that sends it back in "
     "`If-None-Match` gets `304 Not Modified` with no body while nothing changed. With "
     "`?wait=N` the request waits up to N seconds for a change (long-poll) instead of "
-    "polling: a decision answers it as its transaction commits.",
+    "polling: a decision answers it as its transaction commits. A reviewer's access token "
+    "whose owner is no longer a reviewer of its tenant is refused (403 `forbidden`), also "
+    "in the middle of a wait.",
 )
 def occurrence_detail(
     request: HttpRequest, occurrence_id: str, response: HttpResponse, query: Query[WaitQuery]
@@ -238,8 +262,16 @@ def _wait_in_thread(
     request: HttpRequest, occurrence_id: str, etag: str, wait: int
 ) -> tuple[dict[str, Any], str]:
     deadline = time.monotonic() + wait
+    caller = request.auth  # type: ignore[attr-defined]
     while True:
         time.sleep(max(0.0, min(settings.LONG_POLL_FALLBACK_SECONDS, deadline - time.monotonic())))
+        if isinstance(caller, ReviewerToken):
+            # Revoked, or its owner left the tenant, while it waited: refused as under ASGI,
+            # where every read authenticates again.
+            fresh = reviewer_tokens.reviewer_token_recheck(caller)
+            if fresh is None:
+                raise AuthenticationError
+            request.auth = caller = fresh  # type: ignore[attr-defined]
         out, now = _occurrence_state(request, occurrence_id)
         if now != etag or time.monotonic() >= deadline:
             return out, now

@@ -137,7 +137,9 @@ _RETRY_AFTER_SCHEMA = {"type": "string", "pattern": "^[0-9]+$"}
 # Response headers, per status: (header, required, description).
 _HEADERS: dict[str, list[tuple[str, bool, str]]] = {
     "401": [("WWW-Authenticate", False, 'The scheme to use: `Bearer realm="agent-api"`.')],
-    "429": [("Retry-After", True, "Seconds until this runtime key may ask again.")],
+    "429": [
+        ("Retry-After", True, "Seconds until this runtime key (or access token) may ask again.")
+    ],
     "503": [("Retry-After", True, "Seconds before the database is worth asking again.")],
     "409": [("Retry-After", False, "Only with `not_approved`: seconds before asking again.")],
 }
@@ -149,7 +151,8 @@ _STATUS_TEXT = {
     "413": "The body is larger than the operation accepts (`payload_too_large`).",
     "415": "Another content type than the operation's (`unsupported_media_type`).",
     "422": "Refused: `error.details` lists each `{field, code, message}`.",
-    "429": "This runtime key asked too often (`rate_limited`); see `Retry-After`.",
+    "429": "This runtime key (or reviewer's access token) asked too often "
+    "(`rate_limited`); see `Retry-After`.",
     "503": "The database is unavailable (`database_unavailable`): nothing was changed; see "
     "`Retry-After`.",
 }

@@ -281,13 +281,15 @@ def _audit_export_orm(
 def audit_duplicate_deliveries(
     tenant: Tenant, event_id: uuid.UUID | str | None = None
 ) -> QuerySet[AuditDuplicateDelivery]:
-    """Producer events ingested more than once: each row is one later delivery of an event
-    the console had already stored, oldest first.
+    """Producer events ingested more than once: each row is a batch that delivered again
+    an event the console had already stored, oldest first.
 
     ``row.event_id`` is the producer's event id; ``row.ingestion`` (its id and
-    ``received_at``) the batch that brought it again, ``row.line`` its line there and
-    ``row.payload`` the line as sent (``row.same_payload``: whether it says what the stored
-    event says). ``row.original`` is the event as stored: its ``ingestion_id`` and
+    ``received_at``) the batch that brought it again, ``row.line`` its first line there and
+    ``row.copies`` how many lines carried it; ``row.same_payload`` whether they say what the
+    stored event says, and ``row.payload`` the line as sent when they do not (null when
+    they do, or past ``approvals.audit.ingest.DUPLICATE_PAYLOADS_KEPT``). ``row.original`` is
+    the event as stored: its ``ingestion_id`` and
     ``ingested_at`` are those of the first delivery. A producer event id with rows here is
     a duplicated audit delivery; the event itself happened once."""
     deliveries = AuditDuplicateDelivery.objects.filter(tenant=tenant).select_related(

@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 from django.db import connection, transaction
+from django.db.models import Count
 
 from approvals.errors import InputError
 from approvals.models import (
@@ -77,12 +78,68 @@ def _event_says(event: AuditEvent) -> tuple[Any, ...]:
     )
 
 
+# Lines as sent that one stored event keeps from its later deliveries when they say something
+# else than it: enough to show what a producer reusing an event id sent; beyond that, the
+# deliveries are counted. A line is at most about 1 KiB (the fields' lengths, api.audit).
+DUPLICATE_PAYLOADS_KEPT = 10
+
+
+def _duplicate_deliveries(
+    tenant_id: int,
+    ingestion: AuditIngestion,
+    repeated: list[AuditLine],
+    stored: dict[uuid.UUID, AuditEvent],
+) -> list[AuditDuplicateDelivery]:
+    """The rows that record ``repeated``, bounded: one per stored event and per thing said
+    in this batch (a thousand copies of a line are one row with ``copies=1000``); a payload
+    only for a line that says something else than the stored event, while the event keeps
+    fewer than ``DUPLICATE_PAYLOADS_KEPT`` of them; the rest of those lines one row per
+    event, counted, without a payload. The first line and the batch stay on every row."""
+    if not repeated:
+        return []
+    originals = {stored[line.event_id].pk for line in repeated}
+    kept: dict[int, int] = dict(
+        AuditDuplicateDelivery.objects.filter(
+            original_id__in=originals, same_payload=False, payload__isnull=False
+        )
+        .values("original_id")
+        .annotate(n=Count("id"))
+        .values_list("original_id", "n")
+    )
+    rows: dict[tuple[Any, ...], AuditDuplicateDelivery] = {}
+    for line in repeated:
+        original = stored[line.event_id]
+        same = line.says() == _event_says(original)
+        key: tuple[Any, ...] = (original.pk, same, None if same else line.says())
+        if key not in rows and not same and kept.get(original.pk, 0) >= DUPLICATE_PAYLOADS_KEPT:
+            key = (original.pk, False, "not kept")
+        row = rows.get(key)
+        if row is not None:
+            row.copies += 1
+            continue
+        keep = not same and key[2] != "not kept"
+        if keep:
+            kept[original.pk] = kept.get(original.pk, 0) + 1
+        rows[key] = AuditDuplicateDelivery(
+            tenant_id=tenant_id,
+            ingestion=ingestion,
+            original=original,
+            event_id=line.event_id,
+            line=line.line,
+            copies=1,
+            payload=line.payload if keep else None,
+            same_payload=same,
+        )
+    return list(rows.values())
+
+
 def audit_ingest(*, runtime_key: RuntimeKey, lines: list[AuditLine]) -> AuditIngestion:
     """Store a batch of other producers' audit events for the key's tenant, all or nothing.
 
     A producer event id stored before for the tenant (by an earlier batch, an earlier line
     of this one, or the console itself) is not stored again: the line becomes an
-    ``AuditDuplicateDelivery`` of the stored event, with this ingestion's id and time. An
+    ``AuditDuplicateDelivery`` of the stored event, with this ingestion's id and time
+    (bounded: ``_duplicate_deliveries``). An
     ``occurrence_id`` must name an occurrence of the tenant; otherwise nothing is written
     and the ``InputError`` names every such line."""
     tenant_id = runtime_key.tenant_id
@@ -160,19 +217,7 @@ def audit_ingest(*, runtime_key: RuntimeKey, lines: list[AuditLine]) -> AuditIng
         )
         stored.update((event.event_id, event) for event in events)
         AuditDuplicateDelivery.objects.bulk_create(
-            [
-                AuditDuplicateDelivery(
-                    tenant_id=tenant_id,
-                    ingestion=ingestion,
-                    original=stored[line.event_id],
-                    event_id=line.event_id,
-                    line=line.line,
-                    payload=line.payload,
-                    same_payload=line.says() == _event_says(stored[line.event_id]),
-                )
-                for line in repeated
-            ],
-            batch_size=500,
+            _duplicate_deliveries(tenant_id, ingestion, repeated, stored), batch_size=500
         )
     if _stdlib_log.isEnabledFor(logging.INFO):
         log.info(

@@ -15,11 +15,29 @@ import icu
 _HIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"}
 
 
+@lru_cache(maxsize=4096)
 def is_hidden(char: str) -> bool:
+    """Whether a reader cannot see ``char``: a control, format, private-use, unassigned or
+    line-breaking character, a space other than U+0020, or any Unicode
+    Default_Ignorable_Code_Point (from ICU: the combining grapheme joiner U+034F, variation
+    selectors, the Hangul fillers), which renderers draw as nothing.
+
+    The Hangul fillers U+115F, U+1160, U+3164 and U+FFA0 are letters (Lo) drawn as blank
+    space, the known spoof ("worker-a\\u3164" reads as "worker-a"): they are hidden because
+    Unicode lists them as default ignorable, which a test holds ICU's data to."""
     if char in "\n\t":
         return False
     category = unicodedata.category(char)
-    return category in _HIDDEN_CATEGORIES or (category == "Zs" and char != " ")
+    return (
+        category in _HIDDEN_CATEGORIES
+        or (category == "Zs" and char != " ")
+        or bool(icu.Char.hasBinaryProperty(char, icu.UProperty.DEFAULT_IGNORABLE_CODE_POINT))
+    )
+
+
+def strip_hidden(text: str) -> str:
+    """``text`` without the characters ``is_hidden`` names."""
+    return "".join(c for c in text if not is_hidden(c))
 
 
 @cache
@@ -42,12 +60,16 @@ def skeleton(text: str) -> str:
 def identity_key(name: str) -> str:
     """What is left of a person's name or address once everything a reader cannot see is
     gone: NFKC, hidden characters removed, case folded, spaces trimmed and collapsed, then
-    the TR39 skeleton (so ``Rita``, ``rita ``, ``rita\\u200b``, ``RITA`` and ``r\\u0456ta``
-    with a Cyrillic ``\\u0456`` all give ``rita``)."""
-    # NFKC first: it turns no-break and other wide spaces into plain ones.
-    visible = "".join(c for c in unicodedata.normalize("NFKC", name) if not is_hidden(c))
+    the TR39 skeleton (so ``Rita``, ``rita ``, ``rita\\u200b``, ``rita\\u034f``,
+    ``rita\\u3164``, ``RITA`` and ``r\\u0456ta`` with a Cyrillic ``\\u0456`` all give
+    ``rita``)."""
+    # NFKC first: it turns no-break and other wide spaces into plain ones (and the
+    # halfwidth Hangul filler into another filler, hidden as well).
+    visible = strip_hidden(unicodedata.normalize("NFKC", name))
     folded = " ".join(visible.casefold().split())
-    return unicodedata.normalize("NFKC", skeleton(folded)).casefold()
+    # Hidden characters removed once more at the end: nothing a reader cannot see may
+    # survive into the key, whatever the skeleton or the last NFKC map a character to.
+    return strip_hidden(unicodedata.normalize("NFKC", skeleton(folded)).casefold())
 
 
 def same_person(name: str, *identities: str) -> bool:

@@ -29,6 +29,7 @@ from approvals.models.occurrences import (
 from approvals.models.tenancy import (
     Membership,
     ReviewerToken,
+    ReviewerTokenUsage,
     RuntimeKey,
     RuntimeKeyUsage,
     Tenant,
@@ -53,6 +54,7 @@ __all__ = [
     "Proposal",
     "RetiredToken",
     "ReviewerToken",
+    "ReviewerTokenUsage",
     "RuntimeCallback",
     "RuntimeKey",
     "RuntimeKeyUsage",

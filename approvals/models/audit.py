@@ -294,10 +294,17 @@ class AuditDuplicateDelivery(models.Model):
     """A producer event delivered again after the console had stored it.
 
     The event is stored once (``original``, with the ingestion and time of its first
-    delivery); each later delivery is a row here, with the batch that brought it
-    (``ingestion``: its id and ``received_at``), its line in that batch and the line as
-    sent, so that an investigator can tell a duplicated audit delivery (one producer event
-    id, several deliveries) from a replay (several events). Append-only.
+    delivery); each batch that brings it again adds a row here, with that batch
+    (``ingestion``: its id and ``received_at``), the first line in it that carried the
+    event and how many lines did (``copies``), so that an investigator can tell a
+    duplicated audit delivery (one producer event id, several deliveries) from a replay
+    (several events). Append-only.
+
+    What it keeps is bounded (``approvals.audit.ingest``): lines of one batch that say the
+    same thing are one row; a line that says what the stored event says keeps no payload
+    (the stored event is its content); a line that says something else keeps the line as
+    sent, up to ``DUPLICATE_PAYLOADS_KEPT`` such lines per stored event, after which only
+    their count and first line are kept (``same_payload`` false, ``payload`` null).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
@@ -308,8 +315,18 @@ class AuditDuplicateDelivery(models.Model):
         AuditEvent, on_delete=models.PROTECT, related_name="duplicate_deliveries"
     )
     event_id = models.UUIDField(help_text="The producer's event id, the original's too.")
-    line = models.PositiveIntegerField(help_text="Line number in the batch, from 1.")
-    payload = models.JSONField(help_text="The line as delivered.")
+    line = models.PositiveIntegerField(
+        help_text="Line number in the batch, from 1: the first of ``copies``."
+    )
+    copies = models.PositiveIntegerField(
+        default=1,
+        help_text="Lines of the batch that delivered the event again and said what this one says.",
+    )
+    payload = models.JSONField(
+        null=True,
+        help_text="The line as delivered, when it says something else than the stored event "
+        "(and the event had fewer such lines kept than the bound); else null.",
+    )
     same_payload = models.BooleanField(
         help_text="Whether the line says what the stored event says."
     )
@@ -317,6 +334,11 @@ class AuditDuplicateDelivery(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["tenant", "event_id"], name="audit_duplicate_event")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(copies__gte=1), name="audit_duplicate_copies_positive"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"duplicate delivery of {self.event_id} in ingestion {self.ingestion_id}"

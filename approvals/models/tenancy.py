@@ -147,3 +147,29 @@ class RuntimeKeyUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.runtime_key_id}@{self.window_start}: {self.requests}"
+
+
+class ReviewerTokenUsage(models.Model):
+    """What one reviewer's access token did in one rate-limit window: its requests. The
+    same counter as ``RuntimeKeyUsage`` (``approvals.access.ratelimit``): one atomic upsert
+    per request, deleted when the window is reported."""
+
+    reviewer_token = models.ForeignKey(
+        ReviewerToken, on_delete=models.CASCADE, related_name="usage"
+    )
+    # The window's start in Unix seconds, a multiple of ``window_seconds``.
+    window_start = models.BigIntegerField()
+    window_seconds = models.PositiveIntegerField()
+    # The limit the requests were held to (the tenant's, or the setting's).
+    request_limit = models.PositiveIntegerField()
+    requests = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["reviewer_token", "window_start"], name="reviewer_token_usage_window_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reviewer_token_id}@{self.window_start}: {self.requests}"

@@ -1,17 +1,22 @@
-"""A reviewer's own page: personal access tokens for deciding through the API.
+"""Personal access tokens for deciding through the API: a reviewer's own, and, for a
+tenant's admins, every member's token in that tenant.
 
 Thin views over ``approvals.access.reviewer_tokens``. A token is shown once, on the response
-that creates it (never cached); the list shows names, prefixes and dates only.
+that creates it (never cached); the lists show names, prefixes and dates only. An admin
+revokes a member's token here (a reviewer who left, a token in a leaked log); the revocation
+is audited with the admin as actor and the owner named.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -20,6 +25,7 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.access import reviewer_tokens
+from approvals.access.reviewer_tokens import owner_reviews
 from approvals.errors import InputError, ServiceError
 from approvals.models import ReviewerToken, Tenant
 from approvals.web.selectors.access import ConsoleAccess, console_access
@@ -65,10 +71,16 @@ class TokenCreateForm(forms.Form):
         return next((t for t in self.tenants if t.slug == slug), self.tenants[0])
 
 
+# Members' tokens an admin's section lists, newest first: a tenant has a few per reviewer.
+MEMBER_TOKENS_SHOWN = 200
+
+
 @dataclass(frozen=True)
 class TokenRow:
     token: ReviewerToken
-    status: str  # active, expired, revoked
+    # active, expired, revoked, or orphaned: live, but its owner is no reviewer of its
+    # tenant any more, so the API refuses it (``reviewer_token_authenticate``).
+    status: str
     last_used: str
 
 
@@ -77,14 +89,40 @@ class Account:
     request: HttpRequest
     access: ConsoleAccess
     tenants: list[Tenant]  # where the user is a reviewer
+    admin_tenants: list[Tenant]  # where the user is an admin: members' tokens
+
+    @property
+    def admin_tenant_ids(self) -> list[int]:
+        return [t.pk for t in self.admin_tenants]
 
 
 def _account(request: HttpRequest) -> Account:
     access = console_access(request.user)
     tenants = [t for t in access.tenants if access.is_reviewer(t.pk)]
-    if not tenants:
+    admin_tenants = [t for t in access.tenants if access.is_admin(t.pk)]
+    if not tenants and not admin_tenants:
         raise PermissionDenied(NOT_REVIEWER)
-    return Account(request, access, tenants)
+    return Account(request, access, tenants, admin_tenants)
+
+
+def _rows(tokens: Any, now: datetime) -> list[TokenRow]:
+    """Rows of tokens annotated with ``owner_reviews`` (``reviewer_tokens.owner_reviews``)."""
+
+    def status(token: ReviewerToken) -> str:
+        if token.revoked_at:
+            return "revoked"
+        if token.expires_at <= now:
+            return "expired"
+        return "active" if getattr(token, "owner_reviews", False) else "orphaned"
+
+    return [
+        TokenRow(
+            token,
+            status(token),
+            age(token.last_used_at, now) if token.last_used_at else "never",
+        )
+        for token in tokens
+    ]
 
 
 def _render(
@@ -96,23 +134,29 @@ def _render(
     status: int = 200,
 ) -> HttpResponse:
     now = timezone.now()
-    tokens = ReviewerToken.objects.filter(
-        user_id=cast(int, account.request.user.pk)
-    ).select_related("tenant")
-    rows = [
-        TokenRow(
-            token,
-            "revoked" if token.revoked_at else ("expired" if token.expires_at <= now else "active"),
-            age(token.last_used_at, now) if token.last_used_at else "never",
+    me = cast(int, account.request.user.pk)
+    listed = ReviewerToken.objects.select_related("tenant").annotate(owner_reviews=owner_reviews())
+    rows = _rows(listed.filter(user_id=me).order_by("revoked_at", "-created_at"), now)
+    member_rows: list[TokenRow] = []
+    if account.admin_tenants:
+        members = (
+            listed.filter(tenant_id__in=account.admin_tenant_ids)
+            .exclude(user_id=me)
+            .select_related("user")
+            .order_by("revoked_at", "-created_at")
         )
-        for token in tokens.order_by("revoked_at", "-created_at")
-    ]
+        member_rows = _rows(members[:MEMBER_TOKENS_SHOWN], now)
     context = {
         **chrome(account.request, account.access),
         "rows": rows,
         "active_count": sum(1 for row in rows if row.status == "active"),
+        "member_rows": member_rows,
+        "member_rows_cut": len(member_rows) == MEMBER_TOKENS_SHOWN,
+        "admin_tenants": account.admin_tenants,
+        "may_create": bool(account.tenants),
         "form": form or TokenCreateForm(tenants=account.tenants),
         "show_tenant": len(account.tenants) > 1,
+        "show_member_tenant": len(account.admin_tenants) > 1,
         "created": created,
         "raw_token": raw,
     }
@@ -134,6 +178,8 @@ def access_tokens(request: HttpRequest) -> HttpResponse:
 def access_token_create(request: HttpRequest) -> HttpResponse:
     """Create a token and show it on this response only."""
     account = _account(request)
+    if not account.tenants:
+        raise PermissionDenied(NOT_REVIEWER)
     form = TokenCreateForm(request.POST, tenants=account.tenants)
     if not form.is_valid():
         return _render(account, form=form, status=422)
@@ -155,17 +201,25 @@ def access_token_create(request: HttpRequest) -> HttpResponse:
 @require_POST
 @console_login_required
 def access_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    """The owner's token, or a member's in a tenant the user administers; else 404."""
+    me = cast(int, request.user.pk)
+    access = console_access(request.user)
+    admin_of = [t.pk for t in access.tenants if access.is_admin(t.pk)]
     token = (
-        ReviewerToken.objects.filter(pk=token_id, user_id=cast(int, request.user.pk))
+        ReviewerToken.objects.filter(Q(user_id=me) | Q(tenant_id__in=admin_of), pk=token_id)
         .select_related("tenant", "user")
         .first()
     )
     if token is None:
-        raise Http404("No such access token of yours.")
+        raise Http404("No such access token of yours or of your tenants' members.")
+    whose = "" if token.user_id == me else f" of {token.user.get_username()}"
     if reviewer_tokens.reviewer_token_revoke(token=token, user=request.user):  # type: ignore[arg-type]
         messages.success(
-            request, f"Revoked access token {token.name} ({token.prefix}…). The API refuses it now."
+            request,
+            f"Revoked access token {token.name} ({token.prefix}…){whose}. The API refuses it now.",
         )
     else:
-        messages.info(request, f"Access token {token.name} ({token.prefix}…) was already revoked.")
+        messages.info(
+            request, f"Access token {token.name} ({token.prefix}…){whose} was already revoked."
+        )
     return redirect("approvals:access-tokens")

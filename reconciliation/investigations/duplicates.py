@@ -23,14 +23,15 @@ def duplicated_delivery(facts: Facts) -> list[str]:
             continue
         described.add(key)
         what = ", ".join(x for x in (event.kind, event.decision, event.execution_id) if x)
-        copies = rows[key] + len(again)
+        copies = rows[key] + sum(d.copies for d in again)
         first = (
             f"stored once from batch #{event.ingestion_id} at {when(event.ingested_at)}"
             if event.ingestion_id is not None
             else f"written by this console at {when(event.ingested_at or event.source_time)}"
         )
         repeats = [
-            f"batch #{d.ingestion_id} at {when(d.received_at)} (line {d.line}, "
+            f"batch #{d.ingestion_id} at {when(d.received_at)} (line {d.line}"
+            f"{f' and {d.copies - 1} more' if d.copies > 1 else ''}, "
             f"{'same content' if d.same_payload else 'different content'})"
             for d in again
         ]

@@ -146,6 +146,7 @@ class DeliveryFact:
     received_at: datetime
     line: int
     same_payload: bool
+    copies: int = 1  # lines of the batch that carried it, saying the same thing
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,7 @@ def _investigation_get(*, q: str, tenant_ids: list[int], now: datetime | None) -
                 received_at=d.ingestion.received_at,
                 line=d.line,
                 same_payload=d.same_payload,
+                copies=d.copies,
             )
             for d in deliveries
         ),

@@ -23,7 +23,7 @@ from approvals.models import (
 from approvals.web.jinja import render_rows
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
-from approvals.web.text import reveal_html
+from approvals.web.text import plain_reveal, reveal_html
 from reconciliation.investigations.facts import (
     APPROVED,
     DUPLICATE_DELIVERY,
@@ -105,7 +105,7 @@ class Count:
     def title(self) -> str:
         """The first values counted, and how many more (a chain of thousands of replays
         counts as many executions: a tooltip cannot list them, the chain below does)."""
-        return listing(self.values, TITLE_VALUES, separator=", ")
+        return plain_reveal(listing(self.values, TITLE_VALUES, separator=", "))
 
 
 def occurrence_url(occurrence_id: Any, tenant_id: int, operator_tenant_ids: Iterable[int]) -> str:
@@ -179,7 +179,9 @@ def chain_rows(
     newest ``CHAIN_WINDOW`` and, before them, only what the verdict rests on (approved
     claims, effects, events delivered more than once, adapter calls); each run of steps left
     out becomes one ``ChainGap``. ``every_step`` shows them all."""
-    later = Counter(d.original_pk for d in found.facts.deliveries)
+    later: Counter[int] = Counter()
+    for delivery in found.facts.deliveries:
+        later[delivery.original_pk] += delivery.copies
     # (time, tie-break, the step, its deliveries, its flag): rows are built for shown ones.
     steps: list[tuple[datetime, int, EventFact | AdapterInvocation, int, str]] = []
     for event in found.facts.events:
@@ -263,7 +265,8 @@ def delivery_rows(found: Investigation) -> list[DeliveryRow]:
                 execution=reveal_html(event.execution_id),
                 first=first,
                 again=f"batch #{delivery.ingestion_id}, {when(delivery.received_at)}, "
-                f"line {delivery.line}",
+                f"line {delivery.line}"
+                + (f" and {delivery.copies - 1} more" if delivery.copies > 1 else ""),
                 same_payload=delivery.same_payload,
             )
         )

@@ -33,14 +33,13 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "15"))
 SEED = os.environ.get("SCHEMATHESIS_SEED", "20261201")
 
-# The operations whose requests are valid only for data the schema cannot list: a tool
-# contract's arguments (`GET /api/v1/tools/{name}`, referenced from their descriptions);
-# for the audit ingest, an `occurrence_id` of the tenant; for the callback, a host that is
-# not private. For them a schema-valid request may be refused with 422 (their descriptions
-# say when); every other check still holds.
+# The operations whose requests are valid only for data the schema cannot list: for the
+# audit ingest, an `occurrence_id` of the tenant; for the callback, a host that is not
+# private. For them a schema-valid request may be refused with 422 (their descriptions say
+# when); every other check still holds. A proposal and a canonicalization are not among
+# them: their bodies are `oneOf` the tool contracts (approvals.api.contract_openapi), so a
+# schema-valid one is accepted.
 CONTRACT_BOUND = (
-    "approvals_api_propose",
-    "approvals_api_canonicalize_action",
     "approvals_api_audit_ingest",
     "approvals_api_callback_put",
 )

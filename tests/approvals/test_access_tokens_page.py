@@ -9,7 +9,7 @@ from typing import Any
 from django.test import Client
 
 from approvals.access import reviewer_tokens
-from approvals.models import Membership, ReviewerToken, Tenant
+from approvals.models import AuditEvent, Membership, ReviewerToken, Tenant
 from tests.conftest import Runtime, make_user
 
 
@@ -49,9 +49,13 @@ def test_a_reviewer_creates_a_token_shown_once_and_it_decides(
     assert decided.status_code == 200
 
 
-def test_the_header_links_the_page_for_reviewers_only(reviewer: Any, admin_user: Any) -> None:
-    assert 'href="/account/tokens/"' in signed_in(reviewer).get("/reviews/").content.decode()
-    assert 'href="/account/tokens/"' not in signed_in(admin_user).get("/reviews/").content.decode()
+def test_the_header_links_the_page_for_reviewers_and_admins(
+    reviewer: Any, admin_user: Any, tenant: Tenant
+) -> None:
+    # Admins find their members' tokens there.
+    both = make_user("rev-admin", tenant, Membership.Role.REVIEWER, Membership.Role.ADMIN)
+    for user in (reviewer, admin_user, both):
+        assert 'href="/account/tokens/"' in signed_in(user).get("/reviews/").content.decode()
 
 
 def test_a_bad_form_is_422_and_creates_nothing(reviewer: Any) -> None:
@@ -75,15 +79,23 @@ def test_a_taken_name_is_said_so(reviewer: Any, tenant: Tenant) -> None:
     assert "already have a token named" in response.content.decode()
 
 
-def test_a_non_reviewer_gets_403(operator: Any, admin_user: Any) -> None:
-    for user in (operator, admin_user):
-        assert signed_in(user).get("/account/tokens/").status_code == 403
-        assert (
-            signed_in(user)
-            .post("/account/tokens/create", {"name": "x", "lifetime_days": "7"})
-            .status_code
-            == 403
-        )
+def test_who_is_neither_reviewer_nor_admin_gets_403(operator: Any) -> None:
+    assert signed_in(operator).get("/account/tokens/").status_code == 403
+    created = signed_in(operator).post(
+        "/account/tokens/create", {"name": "x", "lifetime_days": "7"}
+    )
+    assert created.status_code == 403
+    assert not ReviewerToken.objects.exists()
+
+
+def test_an_admin_who_does_not_review_sees_the_page_but_creates_no_token(admin_user: Any) -> None:
+    page = signed_in(admin_user).get("/account/tokens/")
+    assert page.status_code == 200
+    assert 'id="token-create-form"' not in page.content.decode()
+    created = signed_in(admin_user).post(
+        "/account/tokens/create", {"name": "x", "lifetime_days": "7"}
+    )
+    assert created.status_code == 403
     assert not ReviewerToken.objects.exists()
 
 
@@ -181,5 +193,84 @@ def test_the_operations_pages_link_it_and_the_admin_pages_for_who_may_use_them(
         assert 'href="/account/tokens/"' in html.content.decode(), page
         assert 'href="/account/tokens/"' not in signed_in(ops_only).get(page).content.decode()
         admin_html = signed_in(ops_admin).get(page).content.decode()
-        assert 'href="/account/tokens/"' not in admin_html, page
+        assert 'href="/account/tokens/"' in admin_html, page  # their members' tokens
         assert 'href="/operations/revocations/"' in admin_html, page
+
+
+# --- a tenant admin and the members' tokens (issue 23) ------------------------------------
+
+
+def test_an_admin_lists_the_members_tokens_of_the_tenants_they_administer(
+    reviewer: Any, second_reviewer: Any, admin_user: Any, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    _, raw = reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+    left, _ = reviewer_tokens.reviewer_token_issue(
+        user=second_reviewer, tenant=tenant, name="laptop", lifetime_days=7
+    )
+    Membership.objects.filter(user=second_reviewer).delete()  # ravi left the tenant
+    stranger = make_user("stranger", other_tenant, Membership.Role.REVIEWER)
+    elsewhere, _ = reviewer_tokens.reviewer_token_issue(
+        user=stranger, tenant=other_tenant, name="other", lifetime_days=7
+    )
+
+    html = signed_in(admin_user).get("/account/tokens/").content.decode()
+
+    assert html.count('data-member-token-id="') == 2
+    assert f'data-member-token-id="{elsewhere.pk}"' not in html
+    assert "rita" in html and "ci" in html and "ravi" in html and "laptop" in html
+    assert raw not in html
+    row = html[html.index(f'data-member-token-id="{left.pk}"') :]
+    assert "owner not a reviewer" in row[: row.index("</tr>")]
+
+
+def test_an_admin_revokes_a_members_token_and_the_api_refuses_it_audited(
+    reviewer: Any, admin_user: Any, tenant: Tenant, runtime: Runtime
+) -> None:
+    token, raw = reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+
+    page = signed_in(admin_user).post(f"/account/tokens/{token.pk}/revoke", follow=True)
+
+    assert "Revoked access token ci" in page.content.decode()
+    assert "of rita" in page.content.decode()
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    event = AuditEvent.objects.get(kind="reviewer_token.revoked")
+    assert event.actor == "ada" and event.data["owner"] == "rita" and event.tenant == tenant
+    occurrence_id = runtime.propose().json()["occurrence_id"]
+    read = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(f"/api/v1/occurrences/{occurrence_id}")
+    assert read.status_code == 401
+
+
+def test_an_admin_of_another_tenant_cannot_revoke(
+    reviewer: Any, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    token, _ = reviewer_tokens.reviewer_token_issue(
+        user=reviewer, tenant=tenant, name="ci", lifetime_days=7
+    )
+    other_admin = make_user("oscar", other_tenant, Membership.Role.ADMIN)
+
+    assert signed_in(other_admin).post(f"/account/tokens/{token.pk}/revoke").status_code == 404
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert not AuditEvent.objects.filter(kind="reviewer_token.revoked").exists()
+
+
+def test_the_admins_page_reads_in_a_constant_number_of_queries(
+    admin_user: Any, tenant: Tenant, django_assert_max_num_queries: Any
+) -> None:
+    for n in range(12):
+        member = make_user(f"member-{n}", tenant, Membership.Role.REVIEWER)
+        reviewer_tokens.reviewer_token_issue(
+            user=member, tenant=tenant, name="cli", lifetime_days=7
+        )
+    client = signed_in(admin_user)
+    client.get("/account/tokens/")  # warm the session
+
+    with django_assert_max_num_queries(7):
+        response = client.get("/account/tokens/")
+
+    assert response.content.decode().count('data-member-token-id="') == 12

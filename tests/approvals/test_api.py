@@ -524,6 +524,8 @@ def test_bad_audit_cursor_is_422_with_the_error_envelope(
 # --- the API as a whole ----------------------------------------------------------------
 
 
+# The document describes the tool contracts, read from the database.
+@pytest.mark.django_db
 def test_openapi_schema_lists_every_endpoint(client: Any) -> None:
     response = client.get("/api/v1/openapi.json")
 

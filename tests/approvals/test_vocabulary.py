@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from approvals import vocabulary
 from approvals.api.schemas import EffectState
 from approvals.claims import claim
@@ -23,6 +25,8 @@ def test_the_api_literals_are_the_vocabularys_groups() -> None:
     assert not set(vocabulary.ADMITTING) & set(vocabulary.REFUSING)
 
 
+# The document describes the tool contracts, read from the database.
+@pytest.mark.django_db
 def test_the_schema_lists_exactly_the_decisions(client: Any) -> None:
     schemas = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
 
