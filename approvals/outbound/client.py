@@ -164,54 +164,116 @@ class _Backend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
-class _Capped(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, limit: int, request: httpx.Request) -> None:
+# httpcore's errors as the httpx errors callers catch (an adapter tells "never sent",
+# ConnectError and the connect and pool timeouts, from "sent, answer unknown").
+_ERRORS: dict[type[Exception], type[httpx.TransportError]] = {
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.ConnectError: httpx.ConnectError,
+    httpcore.ReadError: httpx.ReadError,
+    httpcore.WriteError: httpx.WriteError,
+    httpcore.LocalProtocolError: httpx.LocalProtocolError,
+    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
+    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
+    httpcore.ProxyError: httpx.ProxyError,
+    httpcore.TimeoutException: httpx.TimeoutException,
+    httpcore.NetworkError: httpx.NetworkError,
+    httpcore.ProtocolError: httpx.ProtocolError,
+}
+
+_HTTPCORE_ERRORS = tuple(_ERRORS)
+
+
+def _as_httpx(exc: Exception, request: httpx.Request) -> httpx.TransportError:
+    """The httpx error for an httpcore one (the most specific class first), else ``exc``."""
+    for kind in type(exc).__mro__:
+        if kind in _ERRORS:
+            return _ERRORS[kind](str(exc), request=request)
+    raise TypeError(f"not an httpcore error: {exc!r}")
+
+
+class _Answer(httpx.SyncByteStream):
+    """An answer's body: httpcore's stream, its errors as httpx's, at most ``limit`` bytes."""
+
+    def __init__(self, inner: typing.Iterable[bytes], limit: int, request: httpx.Request) -> None:
         self._inner = inner
         self._limit = limit
         self._request = request
 
     def __iter__(self) -> typing.Iterator[bytes]:
         read = 0
-        for chunk in self._inner:
-            read += len(chunk)
-            if read > self._limit:
-                raise ResponseTooLarge(
-                    f"the answer is larger than {self._limit} bytes "
-                    "(OUTBOUND_MAX_RESPONSE_BYTES): not read further",
-                    request=self._request,
-                )
-            yield chunk
+        try:
+            for chunk in self._inner:
+                read += len(chunk)
+                if read > self._limit:
+                    raise ResponseTooLarge(
+                        f"the answer is larger than {self._limit} bytes "
+                        "(OUTBOUND_MAX_RESPONSE_BYTES): not read further",
+                        request=self._request,
+                    )
+                yield chunk
+        except _HTTPCORE_ERRORS as exc:
+            raise _as_httpx(exc, self._request) from exc
 
     def close(self) -> None:
-        self._inner.close()
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
 
 
-class OutboundTransport(httpx.HTTPTransport):
+class OutboundTransport(httpx.BaseTransport):
+    """httpx's transport interface over an httpcore connection pool built with this
+    module's network backend (where names are resolved and addresses checked), through
+    both libraries' public APIs: httpx's own transport takes no network backend."""
+
     def __init__(self, *, public_only: bool, deadline_seconds: float, max_bytes: int) -> None:
-        super().__init__()
         self._deadline = _Deadline()
         self._deadline_seconds = deadline_seconds
         self._max_bytes = max_bytes
-        # httpx takes no network backend (where httpcore resolves names and connects), and
-        # its pool is private: the pool it built is given this one, through the attribute
-        # httpcore's own network_backend parameter sets. tests/approvals/
-        # test_outbound_client.py fails if a release of either stops using it.
-        self._pool._network_backend = _Backend(public_only=public_only, deadline=self._deadline)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            network_backend=_Backend(public_only=public_only, deadline=self._deadline),
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self._deadline.at = time.monotonic() + self._deadline_seconds
-        response = super().handle_request(request)
-        declared = response.headers.get("content-length", "")
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        sent = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        try:
+            answer = self._pool.handle_request(sent)
+        except _HTTPCORE_ERRORS as exc:
+            raise _as_httpx(exc, request) from exc
+        declared = httpx.Headers(answer.headers).get("content-length", "")
         if declared.isdigit() and int(declared) > self._max_bytes:
-            response.close()
+            answer.close()
             raise ResponseTooLarge(
                 f"the answer declares {declared} bytes, more than {self._max_bytes} "
                 "(OUTBOUND_MAX_RESPONSE_BYTES): not read",
                 request=request,
             )
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        response.stream = _Capped(response.stream, self._max_bytes, request)
-        return response
+        assert isinstance(answer.stream, typing.Iterable)
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=_Answer(answer.stream, self._max_bytes, request),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 def outbound_client(*, public_only: bool) -> httpx.Client:
