@@ -54,6 +54,19 @@ ensure_icu() {
     fi
 }
 
+# Run a command with its output kept back: shown (on stderr) only if it fails. pip's
+# warnings and banners would otherwise bury what the scripts print after them.
+quietly() {
+    local log status=0
+    log="$(mktemp)"
+    "$@" >"$log" 2>&1 || status=$?
+    if [ "$status" != 0 ]; then
+        cat "$log" >&2
+    fi
+    rm -f "$log"
+    return "$status"
+}
+
 ensure_venv() {
     local extras="$1"
     local lock="$ROOT/requirements/base.txt"
@@ -61,14 +74,14 @@ ensure_venv() {
     local stamp="$VENV/.installed-$extras"
     if [ ! -x "$VENV/bin/python" ]; then
         echo "==> creating $VENV"
-        "$PY" -m venv "$VENV"
+        quietly "$PY" -m venv "$VENV"
     fi
     if [ ! -f "$stamp" ] || [ "$lock" -nt "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         echo "==> installing dependencies from ${lock#"$ROOT"/}"
         "$VENV/bin/python" -c 'import icu' 2>/dev/null || ensure_icu
-        "$VENV/bin/python" -m pip install --quiet --upgrade pip
-        "$VENV/bin/python" -m pip install --quiet -r "$lock"
-        "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
+        quietly "$VENV/bin/python" -m pip install --quiet --upgrade pip
+        quietly "$VENV/bin/python" -m pip install --quiet -r "$lock"
+        quietly "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
         touch "$stamp"
     fi
 }
