@@ -24,13 +24,21 @@ STATE_CHOICES = [
 ]
 
 
+# What a reviewer may type for a state besides its value: the pages say "Consumed" for the
+# API's "claimed", so ?state=consumed means that state (not the default it fell back to).
+STATE_ALIASES = {"consumed": Occurrence.Status.CLAIMED.value}
+
+
 class InboxFilterForm(forms.Form):
     tool = forms.ChoiceField(required=False)
     state = forms.ChoiceField(required=False, choices=STATE_CHOICES)
     page = forms.IntegerField(required=False, min_value=1)
 
-    def __init__(self, *args: Any, tools: list[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, data: Any = None, *args: Any, tools: list[str], **kwargs: Any) -> None:
+        if data is not None and data.get("state") in STATE_ALIASES:
+            data = data.copy()
+            data["state"] = STATE_ALIASES[data["state"]]
+        super().__init__(data, *args, **kwargs)
         self.tool_choices = [("", "All tools"), *((name, name) for name in tools)]
         tool_field: forms.ChoiceField = self.fields["tool"]  # type: ignore[assignment]
         tool_field.choices = self.tool_choices

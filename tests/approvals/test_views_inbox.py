@@ -343,6 +343,11 @@ def test_a_claimed_request_is_consumed_on_every_page(runtime: Runtime, reviewer:
     assert '<option value="claimed" selected>Consumed</option>' in inbox  # the filter
     assert "Claimed" not in inbox and "Claimed" not in review
     assert "Consumed" in review
+    # The page's word filters too: the same list, the same option chosen.
+    by_word = client.get("/reviews/?state=consumed").content.decode()
+    assert '<option value="claimed" selected>Consumed</option>' in by_word
+    assert re.search(r'class="badge badge--claimed">Consumed<', by_word), by_word
+    assert "badge--pending" not in by_word
 
 
 # --- the rows, rendered in Python (approvals/templatetags/rows.py) -----------------------
