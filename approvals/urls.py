@@ -4,7 +4,7 @@ from django.urls import path
 
 from approvals.web import tokens as account_views
 from approvals.web.inbox import inbox, switch_tenant
-from approvals.web.keys import key_deactivate, keys, keys_create
+from approvals.web.keys import key_created, key_deactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
 from approvals.web.revocations import (
     revocations,
@@ -47,6 +47,7 @@ urlpatterns = [
     ),
     path("operations/keys/", keys, name="keys"),
     path("operations/keys/create", keys_create, name="keys-create"),
+    path("operations/keys/<int:key_id>/created", key_created, name="key-created"),
     path(
         "operations/keys/<int:key_id>/deactivate",
         key_deactivate,

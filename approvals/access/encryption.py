@@ -27,6 +27,9 @@ from django.conf import settings
 class Purpose(StrEnum):
     CALLBACK_SECRETS = "callback secrets"
     ADAPTER_CREDENTIALS = "adapter credentials"
+    # A runtime key on its way from the POST that created it to the page that shows it
+    # once (the session holds it for that redirect only, never in the clear).
+    KEY_HANDOFF = "runtime key handoff"
 
 
 def _fernet(secret_key: str | bytes, purpose: Purpose) -> Fernet:
@@ -47,12 +50,13 @@ def secret_encrypt(plaintext: str, *, purpose: Purpose) -> str:
     return _keys(purpose).encrypt(plaintext.encode()).decode()
 
 
-def secret_decrypt(stored: str, *, purpose: Purpose) -> str:
+def secret_decrypt(stored: str, *, purpose: Purpose, ttl: int | None = None) -> str:
     """The secret, read with the current key or a fallback; "" when no key reads it (the
     key it was encrypted with is neither ``SECRET_KEY`` nor in ``SECRET_KEY_FALLBACKS``),
-    which the callers report as a missing secret."""
+    or when it was encrypted more than ``ttl`` seconds ago, which the callers report as a
+    missing secret."""
     try:
-        return _keys(purpose).decrypt(stored.encode()).decode()
+        return _keys(purpose).decrypt(stored.encode(), ttl=ttl).decode()
     except InvalidToken:
         return ""
 

@@ -16,6 +16,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.access.encryption import Purpose, secret_decrypt, secret_encrypt
 from approvals.access.runtime_keys import runtime_key_deactivate, runtime_key_issue
 from approvals.errors import InputError, ServiceError
 from approvals.models import RuntimeKey, Tenant
@@ -25,6 +26,11 @@ TEMPLATE_KEYS = "approvals/keys.html"
 
 
 TEMPLATE_KEY_CREATED = "approvals/keys_created.html"
+
+# The session entry that carries a new key, encrypted, from the POST to the one page that
+# shows it, for at most this long.
+HANDOFF = "runtime_key_handoff"
+HANDOFF_SECONDS = 300
 
 
 class KeyCreateForm(forms.Form):
@@ -108,11 +114,40 @@ def keys_create(request: HttpRequest) -> HttpResponse:
         return _render_keys(scope, form=form, status=422)
     except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
+    # Post/redirect/get: a reload of the page that shows the key never posts again. The key
+    # crosses the redirect in the session, encrypted, and the page takes it out.
+    request.session[HANDOFF] = {
+        "key_id": key.pk,
+        "sealed": secret_encrypt(raw, purpose=Purpose.KEY_HANDOFF),
+    }
+    return redirect("approvals:key-created", key_id=key.pk)
+
+
+@sensitive_variables("raw")
+@require_GET
+@console_login_required
+def key_created(request: HttpRequest, key_id: int) -> HttpResponse:
+    """The new key, shown on this response only: taken out of the session as it is shown;
+    a reload says it was shown already."""
+    scope = admin_scope(request)
+    key = (
+        RuntimeKey.objects.filter(pk=key_id, tenant_id__in=scope.tenant_ids)
+        .select_related("tenant")
+        .first()
+    )
+    if key is None:
+        raise Http404("No such runtime key in your tenants.")
+    handoff = request.session.get(HANDOFF) or {}
+    raw = ""
+    if handoff.get("key_id") == key.pk:
+        del request.session[HANDOFF]
+        raw = secret_decrypt(
+            handoff.get("sealed", ""), purpose=Purpose.KEY_HANDOFF, ttl=HANDOFF_SECONDS
+        )
     response = render(
         request,
         TEMPLATE_KEY_CREATED,
-        scope.context("keys", key=key, raw_key=raw, tenant=tenant),
-        status=201,
+        scope.context("keys", key=key, raw_key=raw, tenant=key.tenant),
     )
     add_never_cache_headers(response)
     return response

@@ -525,13 +525,20 @@ def test_the_review_pages_single_revoke_still_works(ada: Any, issued: dict[str, 
 def test_a_created_key_is_shown_once_and_never_again(ada: Any, tenant: Tenant) -> None:
     client = signed_in(ada)
 
-    response = client.post("/operations/keys/create", {"name": "night-shift"})
+    created = client.post("/operations/keys/create", {"name": "night-shift"})
 
-    assert response.status_code == 201
+    # Post/redirect/get: reloading the page that shows the key never creates another.
+    key = RuntimeKey.objects.get(name="night-shift")
+    assert created.status_code == 302
+    assert created["Location"] == f"/operations/keys/{key.pk}/created"
+    # Across the redirect the session holds the key encrypted, never in the clear.
+    in_session = str(dict(client.session))
+    response = client.get(created["Location"])
+    assert response.status_code == 200
     assert "no-store" in response["Cache-Control"]
     page = parse(response)
     raw = page.text("new-key").strip()
-    key = RuntimeKey.objects.get(name="night-shift")
+    assert raw not in in_session
     assert raw.startswith(key.prefix) and len(raw) > 30
     assert page.source.count(raw) == 1
     assert key.tenant == tenant
@@ -539,6 +546,11 @@ def test_a_created_key_is_shown_once_and_never_again(ada: Any, tenant: Tenant) -
     assert "night-shift" in listing and key.prefix in listing
     assert raw not in listing
     assert raw not in str(dict(client.session))
+    # Shown once: a reload of the page says so, and the key is not on it.
+    again = client.get(created["Location"])
+    assert again.status_code == 200 and raw not in again.content.decode()
+    assert "cannot show it again" in parse(again).text("key-gone")
+    assert RuntimeKey.objects.filter(name="night-shift").count() == 1
     event = AuditEvent.objects.get(kind="runtime_key.created")
     assert event.actor == "ada" and raw not in str(event.data)
     assert key.key_hash != raw
