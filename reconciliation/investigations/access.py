@@ -51,11 +51,24 @@ QUERY_MAX_CHARS = 200  # the longest execution id
 _RAW_TOKEN = re.compile(re.escape(tokens.APPROVAL_TOKEN_PREFIX) + r"[A-Za-z0-9_-]{16,}")
 
 
+# The other secrets the console issues (tokens.SECRET_PREFIXES): never searched for, never
+# put in an address; what they are, and what to do about one that was pasted.
+_OTHER_SECRETS = (
+    (tokens.RUNTIME_KEY_PREFIX, "a runtime key", "deactivate it"),
+    (tokens.REVIEWER_TOKEN_PREFIX, "a reviewer's access token", "revoke it"),
+    (tokens.CALLBACK_SECRET_PREFIX, "a callback signing secret", "register a new one"),
+)
+assert {tokens.APPROVAL_TOKEN_PREFIX, *(p for p, _, _ in _OTHER_SECRETS)} == set(
+    tokens.SECRET_PREFIXES
+)
+
+
 @dataclass(frozen=True)
 class QueryRead:
     """The search box's text as the investigation uses it. A raw approval token is never
-    searched for nor shown: its fingerprint is (``fingerprint_of_token``); a runtime key
-    is refused."""
+    searched for nor shown: its fingerprint is (``fingerprint_of_token``); any other
+    secret the console issues (a runtime key, an access token, a callback secret) is
+    refused."""
 
     q: str
     refusal: str = ""
@@ -67,12 +80,13 @@ def query_read(raw: str) -> QueryRead:
     token = _RAW_TOKEN.search(text)
     if token:
         return QueryRead("", fingerprint_of_token=tokens.fingerprint(token.group(0)))
-    if text.startswith(tokens.RUNTIME_KEY_PREFIX) and len(text) > 20:
-        return QueryRead(
-            "",
-            refusal="That looks like a runtime key. It was not searched for and is not shown; "
-            "treat it as exposed and deactivate it if it is real.",
-        )
+    for prefix, what, undo in _OTHER_SECRETS:
+        if text.startswith(prefix) and len(text) > 20:
+            return QueryRead(
+                "",
+                refusal=f"That looks like {what}. It was not searched for and is not shown; "
+                f"treat it as exposed and {undo} if it is real.",
+            )
     if len(text) > QUERY_MAX_CHARS:
         return QueryRead("", refusal=f"Search for one id of at most {QUERY_MAX_CHARS} characters.")
     return QueryRead(text)

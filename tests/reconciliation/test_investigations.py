@@ -1014,6 +1014,17 @@ def test_a_posted_runtime_key_or_nothing_goes_back_to_the_empty_box(
     page = ops.get(key["Location"]).content.decode()
     assert "That looks like a runtime key" in page and runtime.raw_key not in page
     assert ops.post("/investigations/", {"q": "  "})["Location"] == "/investigations/"
+    # Every other secret the console issues, posted or in an address: never searched for,
+    # never redirected into ?q= (an access log would keep it).
+    for secret, word in [
+        ("pat_" + "A1b2" * 10, "access token"),
+        ("whsec_" + "c3D4" * 10, "callback signing secret"),
+    ]:
+        for send in (ops.post, ops.get):
+            response = send("/investigations/", {"q": secret})
+            assert (response.status_code, response["Location"]) == (302, "/investigations/")
+            page = ops.get(response["Location"]).content.decode()
+            assert word in page and secret not in page
 
 
 @pytest.mark.django_db
