@@ -10,35 +10,24 @@ from django.db import transaction
 from approvals.audit.record import audit_record, db_now
 from approvals.errors import ServiceError
 from approvals.models import Command, Tenant
-from approvals.vocabulary import AuditKind, EventDecision, EventReason
+from approvals.vocabulary import AuditKind, EventDecision, EventReason, ReportedOutcome
 from reconciliation.dispatch import current_epoch
 from reconciliation.models import (
     Interruption,
 )
 
-State = Command.State
-
-
-class ReportedOutcome:
-    COMMITTED = "committed"
-    REJECTED = "rejected"
-    OUTCOME_UNKNOWN = "outcome_unknown"
-    INTERRUPTED = "interrupted"
-    ALL = (COMMITTED, REJECTED, OUTCOME_UNKNOWN, INTERRUPTED)
-
-
-_STATE_FOR_REPORT = {
-    ReportedOutcome.COMMITTED: State.COMMITTED,
-    ReportedOutcome.REJECTED: State.REJECTED,
-    ReportedOutcome.OUTCOME_UNKNOWN: State.OUTCOME_UNKNOWN,
+_STATE_FOR_REPORT: dict[str, str] = {
+    ReportedOutcome.COMMITTED: Command.State.COMMITTED,
+    ReportedOutcome.REJECTED: Command.State.REJECTED,
+    ReportedOutcome.OUTCOME_UNKNOWN: Command.State.OUTCOME_UNKNOWN,
     # An authentication challenge refused the call before execution.
-    ReportedOutcome.INTERRUPTED: State.REJECTED,
+    ReportedOutcome.INTERRUPTED: Command.State.REJECTED,
 }
 
 
 # What a runtime's report may move the effect from: the outbox, a call it said it started,
 # and an unknown outcome it has since learned more about.
-_REPORTABLE_FROM = (State.PENDING, State.SENDING, State.OUTCOME_UNKNOWN)
+_REPORTABLE_FROM = (Command.State.PENDING, Command.State.SENDING, Command.State.OUTCOME_UNKNOWN)
 
 
 def _lock_command(command_id: uuid.UUID, tenant: Tenant) -> Command:

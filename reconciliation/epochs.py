@@ -21,9 +21,6 @@ from reconciliation.models import (
     OperatorDecision,
 )
 
-State = Command.State
-
-
 Justification = Epoch.Justification
 
 
@@ -57,16 +54,16 @@ def admission_for(
             Justification.AMBIGUITY_ACCEPTED,
             f"{decision.operator} accepted that a duplicate is possible (decision {decision.pk})",
         )
-    if command.state == State.RECONCILED:
+    if command.state == Command.State.RECONCILED:
         if last_finding(command) == OperatorDecision.Finding.NOT_COMMITTED:
             return Admission(
                 Justification.RECONCILED_NOT_COMMITTED,
                 "the effect was reconciled as not committed",
             )
         return None
-    if command.state == State.PENDING:
+    if command.state == Command.State.PENDING:
         return Admission(Justification.NOT_SENT, "the earlier effect is known not sent")
-    if command.state == State.REJECTED:
+    if command.state == Command.State.REJECTED:
         return Admission(Justification.REJECTED, "the earlier call was refused before execution")
     if contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY:
         return Admission(Justification.READ_ONLY, "the tool contract is read-only")
@@ -122,8 +119,8 @@ def epoch_admit(
         command = locked
         contract = command.occurrence.tool
         admission = admission_for(command, contract, decision)
-        settled = command.state in (State.COMMITTED, State.COMPENSATED) or (
-            command.state == State.RECONCILED and admission is None
+        settled = command.state in (Command.State.COMMITTED, Command.State.COMPENSATED) or (
+            command.state == Command.State.RECONCILED and admission is None
         )
         if settled:
             raise ServiceError(
@@ -131,7 +128,7 @@ def epoch_admit(
                 f"The effect is already {command.state}: there is nothing to attempt again.",
                 409,
             )
-        if command.state == State.SENDING and admission is None:
+        if command.state == Command.State.SENDING and admission is None:
             raise ServiceError(
                 "needs_reconciliation",
                 "A call of this command may be in flight (effect sending); wait for its "
@@ -182,9 +179,9 @@ def epoch_admit(
             decision=decision,
         )
         now = db_now()
-        if command.state != State.PENDING:
+        if command.state != Command.State.PENDING:
             Command.objects.filter(pk=command.pk, state=command.state).update(
-                state=State.PENDING, updated_at=now
+                state=Command.State.PENDING, updated_at=now
             )
         Interruption.objects.filter(command=command, resolved_at__isnull=True).update(
             resolved_at=now

@@ -31,11 +31,6 @@ from reconciliation.dispatch import call_of, current_epoch, describe, invocation
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
-State = Command.State
-Action = OperatorDecision.Action
-Finding = OperatorDecision.Finding
-Outcome = AdapterInvocation.Outcome
-
 # Invocations whose receipt names the effect under the command's key (a compensation's
 # names its reversal).
 _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
@@ -43,11 +38,27 @@ _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
 # Where each action may start from. A state outside its set means another operator (or the
 # worker) got there first: the action is refused and the page shows the new state.
 ALLOWED_FROM: dict[str, tuple[str, ...]] = {
-    Action.QUERY_EFFECT: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING, State.REJECTED),
-    Action.RECONCILE: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING),
-    Action.ACCEPT_AMBIGUITY: (State.OUTCOME_UNKNOWN, State.SENDING),
-    Action.RETRY: (State.PENDING, State.REJECTED, State.RECONCILED),
-    Action.COMPENSATE: (State.COMMITTED, State.RECONCILED),
+    OperatorDecision.Action.QUERY_EFFECT: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+        Command.State.REJECTED,
+    ),
+    OperatorDecision.Action.RECONCILE: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+    ),
+    OperatorDecision.Action.ACCEPT_AMBIGUITY: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+    ),
+    OperatorDecision.Action.RETRY: (
+        Command.State.PENDING,
+        Command.State.REJECTED,
+        Command.State.RECONCILED,
+    ),
+    OperatorDecision.Action.COMPENSATE: (Command.State.COMMITTED, Command.State.RECONCILED),
 }
 
 
@@ -109,7 +120,7 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
         raise Refused(
             "state_changed",
             f"Refused: the effect is now {command.get_state_display().lower()}, which does "
-            f"not allow “{Action(action).label.lower()}”. Nothing was recorded.",
+            f"not allow “{OperatorDecision.Action(action).label.lower()}”. Nothing was recorded.",
             409,
         )
 
@@ -207,7 +218,7 @@ def _refuse_while_compensating(command: Command) -> None:
             409,
         )
     AdapterInvocation.objects.filter(pk=call.pk, finished_at__isnull=True).update(
-        finished_at=now, outcome=Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
+        finished_at=now, outcome=AdapterInvocation.Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
     )
 
 
@@ -271,7 +282,7 @@ def command_query_effect(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.QUERY_EFFECT, seen)
+        _refuse_unless(command, OperatorDecision.Action.QUERY_EFFECT, seen)
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_query:
             raise ServiceError(
@@ -300,24 +311,24 @@ def command_query_effect(
         if isinstance(result, Committed):
             decision = _record(
                 command,
-                action=Action.QUERY_EFFECT,
+                action=OperatorDecision.Action.QUERY_EFFECT,
                 operator=operator,
                 note=note,
-                finding=Finding.COMMITTED,
+                finding=OperatorDecision.Finding.COMMITTED,
                 evidence=receipt,
-                state_after=State.COMMITTED,
+                state_after=Command.State.COMMITTED,
                 data={"receipt": receipt, "invocation": invocation.number},
             )
             return Done(decision, f"The adapter found the effect: committed, receipt {receipt}.")
         if isinstance(result, NotFound):
             decision = _record(
                 command,
-                action=Action.QUERY_EFFECT,
+                action=OperatorDecision.Action.QUERY_EFFECT,
                 operator=operator,
                 note=note,
-                finding=Finding.NOT_COMMITTED,
+                finding=OperatorDecision.Finding.NOT_COMMITTED,
                 evidence=detail,
-                state_after=State.RECONCILED,
+                state_after=Command.State.RECONCILED,
                 data={"invocation": invocation.number},
             )
             return Done(
@@ -327,7 +338,7 @@ def command_query_effect(
             )
         decision = _record(
             command,
-            action=Action.QUERY_EFFECT,
+            action=OperatorDecision.Action.QUERY_EFFECT,
             operator=operator,
             note=note,
             state_after=command.state,
@@ -351,23 +362,23 @@ def command_reconcile(
     """Record by hand, with evidence, that the effect is committed or not."""
     note = _require_note(note)
     evidence = (evidence or "").strip()
-    if outcome not in (Finding.COMMITTED, Finding.NOT_COMMITTED):
+    if outcome not in (OperatorDecision.Finding.COMMITTED, OperatorDecision.Finding.NOT_COMMITTED):
         raise ServiceError("outcome_required", "Choose committed or not committed.", 422)
     if not evidence:
         raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RECONCILE, seen)
+        _refuse_unless(command, OperatorDecision.Action.RECONCILE, seen)
         decision = _record(
             command,
-            action=Action.RECONCILE,
+            action=OperatorDecision.Action.RECONCILE,
             operator=operator,
             note=note,
             finding=outcome,
             evidence=evidence,
-            state_after=State.RECONCILED,
+            state_after=Command.State.RECONCILED,
         )
-    label = "committed" if outcome == Finding.COMMITTED else "not committed"
+    label = "committed" if outcome == OperatorDecision.Finding.COMMITTED else "not committed"
     return Done(decision, f"Reconciled as {label}.")
 
 
@@ -389,10 +400,10 @@ def command_accept_ambiguity(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.ACCEPT_AMBIGUITY, seen)
+        _refuse_unless(command, OperatorDecision.Action.ACCEPT_AMBIGUITY, seen)
         decision = _record(
             command,
-            action=Action.ACCEPT_AMBIGUITY,
+            action=OperatorDecision.Action.ACCEPT_AMBIGUITY,
             operator=operator,
             note=note,
             state_after=command.state,
@@ -412,15 +423,22 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RETRY, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
+        _refuse_unless(command, OperatorDecision.Action.RETRY, seen)
+        if (
+            command.state == Command.State.RECONCILED
+            and last_finding(command) != OperatorDecision.Finding.NOT_COMMITTED
+        ):
             raise Refused(
                 "not_justified",
                 "The effect was reconciled as committed: a retry would duplicate it.",
                 409,
             )
         decision = _record(
-            command, action=Action.RETRY, operator=operator, note=note, state_after=command.state
+            command,
+            action=OperatorDecision.Action.RETRY,
+            operator=operator,
+            note=note,
+            state_after=command.state,
         )
         epoch = _admit(command, decision, operator, note)
     return Done(
@@ -445,8 +463,11 @@ def command_compensate(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.COMPENSATE, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
+        _refuse_unless(command, OperatorDecision.Action.COMPENSATE, seen)
+        if (
+            command.state == Command.State.RECONCILED
+            and last_finding(command) != OperatorDecision.Finding.COMMITTED
+        ):
             raise Refused(
                 "not_committed",
                 "The effect was reconciled as not committed: there is nothing to compensate.",
@@ -456,12 +477,12 @@ def command_compensate(
         if manual_evidence.strip():
             decision = _record(
                 command,
-                action=Action.COMPENSATE,
+                action=OperatorDecision.Action.COMPENSATE,
                 operator=operator,
                 note=note,
-                finding=Finding.COMPENSATED,
+                finding=OperatorDecision.Finding.COMPENSATED,
                 evidence=manual_evidence.strip(),
-                state_after=State.COMPENSATED,
+                state_after=Command.State.COMPENSATED,
                 data={"method": "manual"},
             )
             return Done(decision, "Compensation recorded.")
@@ -514,12 +535,12 @@ def command_compensate(
             )
         decision = _record(
             command,
-            action=Action.COMPENSATE,
+            action=OperatorDecision.Action.COMPENSATE,
             operator=operator,
             note=note,
-            finding=Finding.COMPENSATED,
+            finding=OperatorDecision.Finding.COMPENSATED,
             evidence=result.receipt,
-            state_after=State.COMPENSATED,
+            state_after=Command.State.COMPENSATED,
             data={"method": "adapter", "reversal": result.receipt, "of": receipt},
         )
         return Done(

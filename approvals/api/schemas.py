@@ -11,7 +11,7 @@ from pydantic import ConfigDict, StrictStr
 
 from approvals.api import openapi
 from approvals.api.errors import ErrorBody
-from approvals.vocabulary import AdmittingDecision, RefusingDecision
+from approvals.vocabulary import AdmittingDecision, EffectState, ExecutedBy, RefusingDecision
 
 
 class StrictSchema(Schema):
@@ -98,15 +98,6 @@ class ApprovalOut(Schema):
     token_delivered: bool
     consumed_by_execution: str | None
     consumed_at: datetime | None
-
-
-# The effect vocabulary of DESIGN.md, as the API names it (``Command.effect_state``).
-EffectState = Literal[
-    "not_sent", "sending", "committed", "rejected", "outcome_unknown", "reconciled", "compensated"
-]
-
-
-ExecutedBy = Literal["console", "runtime"]
 
 
 class CommandOut(Schema):

@@ -23,6 +23,7 @@ from approvals.errors import InputError, ServiceError
 from approvals.models import Membership, Occurrence
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
 from approvals.reviews.revocation import approval_revoke
+from approvals.vocabulary import PanelState
 from approvals.web.forms import (
     ApproveForm,
     EditForm,
@@ -39,7 +40,6 @@ from approvals.web.presenters.review import (
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.selectors.review import (
-    PanelState,
     Reviewed,
     freshness_get,
     occurrence_decision,
