@@ -8,7 +8,7 @@ import uuid
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Tenant
 from approvals.vocabulary import AuditKind, EventDecision, EventReason, ReportedOutcome
 from reconciliation.dispatch import current_epoch
@@ -38,7 +38,9 @@ def _lock_command(command_id: uuid.UUID, tenant: Tenant) -> Command:
         .first()
     )
     if command is None:
-        raise ServiceError("not_found", "No such command for this runtime key's tenant.", 404)
+        raise ServiceError(
+            ErrorCode.NOT_FOUND, "No such command for this runtime key's tenant.", 404
+        )
     return command
 
 
@@ -78,17 +80,17 @@ def command_report_effect(
             )
     if refused:
         raise ServiceError(
-            "not_your_command",
+            ErrorCode.NOT_YOUR_COMMAND,
             "Only the execution that holds this command's current epoch may report on it.",
             403,
         )
     with transaction.atomic():
         command = _lock_command(command_id, tenant)
         if current_epoch(command).pk != epoch.pk:
-            raise ServiceError("epoch_changed", "A new epoch was admitted meanwhile.", 409)
+            raise ServiceError(ErrorCode.EPOCH_CHANGED, "A new epoch was admitted meanwhile.", 409)
         if command.executed_by != Command.ExecutedBy.RUNTIME:
             raise ServiceError(
-                "executed_by_console",
+                ErrorCode.EXECUTED_BY_CONSOLE,
                 "The console executes this command through its adapter; its effect is "
                 "recorded by the console.",
                 409,
@@ -98,7 +100,7 @@ def command_report_effect(
             return command  # the same report again: already recorded
         if command.state not in _REPORTABLE_FROM:
             raise ServiceError(
-                "effect_already_recorded",
+                ErrorCode.EFFECT_ALREADY_RECORDED,
                 f"This command's effect is already {command.state}; it cannot become {target}.",
                 409,
             )

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
 from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation.dispatch import current_epoch
@@ -124,20 +124,20 @@ def epoch_admit(
         )
         if settled:
             raise ServiceError(
-                "effect_committed",
+                ErrorCode.EFFECT_COMMITTED,
                 f"The effect is already {command.state}: there is nothing to attempt again.",
                 409,
             )
         if command.state == Command.State.SENDING and admission is None:
             raise ServiceError(
-                "needs_reconciliation",
+                ErrorCode.NEEDS_RECONCILIATION,
                 "A call of this command may be in flight (effect sending); wait for its "
                 "outcome before asking for another attempt.",
                 409,
             )
         if admission is None:
             raise ServiceError(
-                "needs_reconciliation",
+                ErrorCode.NEEDS_RECONCILIATION,
                 f"The effect of command {command.pk} is {command.state}: another attempt "
                 f"could duplicate it, and the contract ({contract.replay_safety}) does not "
                 "allow one. An operator must reconcile it first.",
@@ -155,7 +155,7 @@ def epoch_admit(
             occurrence_id=command.occurrence_id, execution_id=execution_id
         ).exists():
             raise ServiceError(
-                "execution_id_used",
+                ErrorCode.EXECUTION_ID_USED,
                 "This execution id already has an epoch of this occurrence; a new attempt "
                 "needs a new execution id.",
                 409,
@@ -224,7 +224,7 @@ def occurrence_epoch_request(
     )
     if command is None:
         raise ServiceError(
-            "no_command",
+            ErrorCode.NO_COMMAND,
             "This occurrence has no command yet: claim its approval first.",
             409,
         )

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
@@ -76,14 +76,16 @@ class Done:
 def _require_note(note: str) -> str:
     note = (note or "").strip()
     if not note:
-        raise ServiceError("note_required", "Write a note: it is recorded with the decision.", 422)
+        raise ServiceError(
+            ErrorCode.NOTE_REQUIRED, "Write a note: it is recorded with the decision.", 422
+        )
     return note
 
 
 def _lock(command_id: Any) -> Command:
     command = command_lock(command_id)
     if command is None:
-        raise ServiceError("not_found", "No such command.", 404)
+        raise ServiceError(ErrorCode.NOT_FOUND, "No such command.", 404)
     return command
 
 
@@ -103,14 +105,14 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
     if seen:
         if not _SEEN_STATE.fullmatch(seen):
             raise ServiceError(
-                "seen_state_invalid",
+                ErrorCode.SEEN_STATE_INVALID,
                 "The form did not say which state it was shown: reload the page and decide again.",
                 422,
             )
         epoch = current_epoch(command).number
         if seen != seen_state(command.state, epoch):
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"Refused: the effect is now {command.get_state_display().lower()} (epoch "
                 f"{epoch}), not what your page showed when you decided. Nothing was "
                 "recorded: look at it as it is now and decide again.",
@@ -118,7 +120,7 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
             )
     if command.state not in ALLOWED_FROM[action]:
         raise Refused(
-            "state_changed",
+            ErrorCode.STATE_CHANGED,
             f"Refused: the effect is now {command.get_state_display().lower()}, which does "
             f"not allow “{OperatorDecision.Action(action).label.lower()}”. Nothing was recorded.",
             409,
@@ -210,7 +212,7 @@ def _refuse_while_compensating(command: Command) -> None:
     now = db_now()
     if call.started_at > now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS):
         raise Refused(
-            "compensation_in_progress",
+            ErrorCode.COMPENSATION_IN_PROGRESS,
             "Refused: a compensation of this effect is already in progress (invocation "
             f"{call.number}, started {call.started_at.astimezone(UTC):%H:%M:%S} UTC); its "
             "answer will show here. The effect is still "
@@ -286,7 +288,7 @@ def command_query_effect(
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_query:
             raise ServiceError(
-                "cannot_query",
+                ErrorCode.CANNOT_QUERY,
                 "This tool's adapter cannot be asked about an effect: reconcile it by hand.",
                 409,
             )
@@ -301,7 +303,7 @@ def command_query_effect(
     def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"The effect changed to {command.get_state_display().lower()} while the "
                 "adapter was asked; its answer is kept on the invocation, nothing else.",
                 409,
@@ -363,9 +365,11 @@ def command_reconcile(
     note = _require_note(note)
     evidence = (evidence or "").strip()
     if outcome not in (OperatorDecision.Finding.COMMITTED, OperatorDecision.Finding.NOT_COMMITTED):
-        raise ServiceError("outcome_required", "Choose committed or not committed.", 422)
+        raise ServiceError(ErrorCode.OUTCOME_REQUIRED, "Choose committed or not committed.", 422)
     if not evidence:
-        raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
+        raise ServiceError(
+            ErrorCode.EVIDENCE_REQUIRED, "Give the evidence: a receipt id or a link.", 422
+        )
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, OperatorDecision.Action.RECONCILE, seen)
@@ -429,7 +433,7 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
             and last_finding(command) != OperatorDecision.Finding.NOT_COMMITTED
         ):
             raise Refused(
-                "not_justified",
+                ErrorCode.NOT_JUSTIFIED,
                 "The effect was reconciled as committed: a retry would duplicate it.",
                 409,
             )
@@ -469,7 +473,7 @@ def command_compensate(
             and last_finding(command) != OperatorDecision.Finding.COMMITTED
         ):
             raise Refused(
-                "not_committed",
+                ErrorCode.NOT_COMMITTED,
                 "The effect was reconciled as not committed: there is nothing to compensate.",
                 409,
             )
@@ -489,7 +493,7 @@ def command_compensate(
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_compensate:
             raise ServiceError(
-                "cannot_compensate",
+                ErrorCode.CANNOT_COMPENSATE,
                 "This tool's adapter cannot compensate: do it elsewhere and record it with "
                 "its evidence.",
                 409,
@@ -504,7 +508,7 @@ def command_compensate(
         ) or ""
         if not receipt:
             raise ServiceError(
-                "no_receipt",
+                ErrorCode.NO_RECEIPT,
                 "No receipt of the effect is recorded, so the adapter cannot name what to "
                 "reverse: record a manual compensation.",
                 409,
@@ -520,14 +524,14 @@ def command_compensate(
     def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"The effect changed to {command.get_state_display().lower()} meanwhile; the "
                 "adapter's answer is kept on the invocation.",
                 409,
             )
         if not isinstance(result, Committed):
             raise ServiceError(
-                "compensation_failed",
+                ErrorCode.COMPENSATION_FAILED,
                 f"The adapter did not confirm the reversal: {_detail(result)}. Its answer is "
                 "kept on the invocation; the effect is still "
                 f"{command.get_state_display().lower()}.",
