@@ -11,7 +11,7 @@ from typing import Any
 class ErrorCode(StrEnum):
     """The code of a refusal: ``error.code`` in an API answer, ``ServiceError.code`` for
     the pages. Clients and the pages branch on these strings, so a value never changes (add
-    a member instead); ``tests/approvals/test_vocabulary_audit_kinds.py`` fails on one
+    a member instead); ``tests/approvals/test_vocabulary_typed_words.py`` fails on one
     typed in place. Codes of bad input (``InputError``) name what was wrong with a field
     and are given where the input is read."""
 

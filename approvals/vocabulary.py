@@ -6,8 +6,9 @@ Services decide with these, the API's schemas list them, presenters and the oper
 pages name them, and tests compare with them. Each is a ``TextChoices``: its members are
 the strings stored in audit events and sent over the API, so comparing a member with a
 stored string just works, and a misspelt member is an error rather than a silent miss.
-``tests/approvals/test_vocabulary_audit_kinds.py`` fails on a word typed in place
-elsewhere. The codes of refusals (``ServiceError``) are ``approvals.errors.ErrorCode``.
+``tests/approvals/test_vocabulary_audit_kinds.py`` (audit kinds, an event's decision and
+reason) and ``test_vocabulary_typed_words.py`` (every other word here) fail on a word typed
+in place elsewhere. The codes of refusals (``ServiceError``) are ``approvals.errors.ErrorCode``.
 
 Effect states are ``Command.State`` and occurrence statuses ``Occurrence.Status`` (on the
 pages ``claimed`` is called *consumed*, as the approval's state is: its label); the states
@@ -88,6 +89,23 @@ class EventDecision(models.TextChoices):
     # An escalation to operations: whether its webhook took it.
     DELIVERED = "delivered", "Delivered"
     FAILED = "failed", "Failed"
+
+
+# A prior decision on the same action in the run (an answer's ``prior_decisions``): only
+# rejections are listed, ``EventDecision.REJECTED`` as the API's schemas spell it.
+PriorDecision = Literal["rejected"]
+
+
+class ReviewOutcome(models.TextChoices):
+    """What a reviewer's decision through the API did (its answer's ``outcome``)."""
+
+    ISSUED = "issued", "Approval issued"
+    VOTE_RECORDED = "vote_recorded", "Vote recorded toward a quorum"
+    REJECTED = "rejected", "Rejected"
+
+
+# The same as the API's schema spells it; a test holds it equal to the members.
+ReviewOutcomeLiteral = Literal["issued", "vote_recorded", "rejected"]
 
 
 class EventReason(models.TextChoices):
