@@ -37,8 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from approvals.models import EFFECT_NOT_SENT, AuditEvent, Command, Occurrence
-from approvals.vocabulary import AuditKind
+from approvals.models import AuditEvent, Command, Occurrence
+from approvals.vocabulary import DECISION_WORDS, EFFECT_NOT_SENT, REVIEW_DECISION_KINDS
 
 if TYPE_CHECKING:
     from approvals.claims.claim import ClaimResult
@@ -108,10 +108,7 @@ def dispatch_started(command: Command, number: int, started_at: datetime) -> Non
 
 # --- the review decision, from its audit event -------------------------------------------
 
-_DECISIONS: dict[str, str] = {
-    AuditKind.APPROVAL_ISSUED: "approved",
-    AuditKind.OCCURRENCE_REJECTED: "rejected",
-}
+_DECISIONS: dict[str, str] = {kind: DECISION_WORDS[kind] for kind in REVIEW_DECISION_KINDS}
 
 
 def _observe_decision(occurrence_id: Any, decision: str) -> None:

@@ -1,13 +1,18 @@
-"""The console's words for what happens to a claim, and the kinds of its audit events,
-typed once.
+"""The console's words, typed once: what happens to a claim, the kinds of its audit
+events, the effects a runtime reports, what the review page's decision panel and the
+operators' queue show.
 
 Services decide with these, the API's schemas list them, presenters and the operators'
 pages name them, and tests compare with them. Each is a ``TextChoices``: its members are
 the strings stored in audit events and sent over the API, so comparing a member with a
 stored string just works, and a misspelt member is an error rather than a silent miss.
+``tests/approvals/test_vocabulary_audit_kinds.py`` (audit kinds, an event's decision and
+reason) and ``test_vocabulary_typed_words.py`` (every other word here) fail on a word typed
+in place elsewhere. The codes of refusals (``ServiceError``) are ``approvals.errors.ErrorCode``.
 
 Effect states are ``Command.State`` and occurrence statuses ``Occurrence.Status`` (on the
-pages ``claimed`` is called *consumed*, as the approval's state is: its label).
+pages ``claimed`` is called *consumed*, as the approval's state is: its label); the states
+of the models' rows stay on their models (``Command.State``), used as they are.
 """
 
 from __future__ import annotations
@@ -84,6 +89,23 @@ class EventDecision(models.TextChoices):
     # An escalation to operations: whether its webhook took it.
     DELIVERED = "delivered", "Delivered"
     FAILED = "failed", "Failed"
+
+
+# A prior decision on the same action in the run (an answer's ``prior_decisions``): only
+# rejections are listed, ``EventDecision.REJECTED`` as the API's schemas spell it.
+PriorDecision = Literal["rejected"]
+
+
+class ReviewOutcome(models.TextChoices):
+    """What a reviewer's decision through the API did (its answer's ``outcome``)."""
+
+    ISSUED = "issued", "Approval issued"
+    VOTE_RECORDED = "vote_recorded", "Vote recorded toward a quorum"
+    REJECTED = "rejected", "Rejected"
+
+
+# The same as the API's schema spells it; a test holds it equal to the members.
+ReviewOutcomeLiteral = Literal["issued", "vote_recorded", "rejected"]
 
 
 class EventReason(models.TextChoices):
@@ -238,3 +260,85 @@ def is_refused_use(kind: str, decision: str) -> bool:
     approval's own expiry (``approval.expired``, written by the sweep or a renewal) says
     ``expired`` too, but refused nothing: nobody presented its token."""
     return decision in REFUSING and kind != AuditKind.APPROVAL_EXPIRED
+
+
+# --- effects, as the API names them ------------------------------------------------------
+
+# A command's effect in the vocabulary of DESIGN.md (``Command.effect_state``): its
+# ``Command.State``, with ``pending`` called ``not_sent``.
+EFFECT_NOT_SENT = "not_sent"
+# The same as the API's schemas spell it (pydantic wants literals); a test holds it equal
+# to ``Command.State``.
+EffectState = Literal[
+    "not_sent", "sending", "committed", "rejected", "outcome_unknown", "reconciled", "compensated"
+]
+# Who executes a command (``Command.ExecutedBy``), as the API's schemas spell it.
+ExecutedBy = Literal["console", "runtime"]
+
+
+class ReportedOutcome(models.TextChoices):
+    """The effect a runtime reports for a command it executes itself
+    (``POST /api/v1/commands/{id}/effect``)."""
+
+    COMMITTED = "committed", "Committed"
+    REJECTED = "rejected", "Rejected"
+    OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
+    # An authentication challenge refused the call before execution.
+    INTERRUPTED = "interrupted", "Interrupted"
+
+
+# The outcomes as the API's schema spells them; a test holds them equal to the members.
+ReportedOutcomeLiteral = Literal["committed", "rejected", "outcome_unknown", "interrupted"]
+
+
+# --- the review page and the operators' queue --------------------------------------------
+
+
+class PanelState(models.TextChoices):
+    """What the review page's decision panel shows (``DecisionView.state``), its label
+    the panel's title."""
+
+    PENDING = "pending", "Pending review"
+    AWAITING_QUORUM = "awaiting_quorum", "Awaiting quorum"
+    ISSUED = "issued", "Approved"
+    DELIVERED = "delivered", "Token delivered"
+    CONSUMED = "consumed", "Consumed"
+    REJECTED = "rejected", "Rejected"
+    REVOKED = "revoked", "Revoked"
+    EXPIRED = "expired", "Expired"
+    AUTO_ADMITTED = "auto_admitted", "Auto-admitted"
+
+
+class QueueReason(models.TextChoices):
+    """Why an item is in the operators' queue: what a person must look at."""
+
+    OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
+    INTERRUPTED = "interrupted", "Interrupted, waiting for credentials or a decision"
+    EXPIRED_UNCLAIMED = "expired_unclaimed", "Approval expired unclaimed"
+    STUCK_SENDING = "stuck_sending", "Stuck sending"
+    STUCK_PENDING = "stuck_pending", "Stuck before dispatch"
+
+
+# The order the queue's counts and its filter list the reasons in.
+QUEUE_REASONS = (
+    QueueReason.OUTCOME_UNKNOWN,
+    QueueReason.INTERRUPTED,
+    QueueReason.STUCK_SENDING,
+    QueueReason.STUCK_PENDING,
+    QueueReason.EXPIRED_UNCLAIMED,
+)
+
+
+# --- decisions a runtime is told of ------------------------------------------------------
+
+# Audit kinds that are decisions on a runtime's request, and the word for each: the
+# ``event`` of a push callback's body, and the ``decision`` label of the review metrics
+# (which count the first two: ``REVIEW_DECISION_KINDS``).
+DECISION_WORDS: dict[str, str] = {
+    AuditKind.APPROVAL_ISSUED: "approved",
+    AuditKind.OCCURRENCE_REJECTED: "rejected",
+    AuditKind.APPROVAL_EXPIRED: "expired",
+    AuditKind.PROPOSAL_EDITED: "edited",
+}
+# A reviewer's decisions: the ones the review-time metric observes.
+REVIEW_DECISION_KINDS = (AuditKind.APPROVAL_ISSUED, AuditKind.OCCURRENCE_REJECTED)

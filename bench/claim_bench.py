@@ -65,7 +65,7 @@ from approvals.access.runtime_keys import runtime_key_create
 from approvals.access.tenancy import tenant_create
 from approvals.audit.record import audit_record
 from approvals.canonical.form import canonicalize
-from approvals.claims.claim import Decision, approval_claim
+from approvals.claims.claim import approval_claim
 from approvals.models import (
     Approval,
     Command,
@@ -76,6 +76,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.vocabulary import ClaimDecision
 
 TOOL = "issue_refund"
 ARGUMENTS: dict[str, Any] = {
@@ -293,7 +294,7 @@ class ServiceClaimer:
             arguments=ARGUMENTS,
             execution_id=execution_id,
         )
-        return WON if result.decision == Decision.APPROVED else result.decision
+        return WON if result.decision == ClaimDecision.APPROVED else result.decision
 
     def close(self) -> None:
         connections.close_all()

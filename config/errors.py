@@ -27,6 +27,7 @@ from django.urls import get_resolver, get_urlconf
 from django.utils.log import log_response
 
 from approvals.api.errors import error_response
+from approvals.errors import ErrorCode
 
 API_PREFIX = "/api/"
 
@@ -37,7 +38,7 @@ def is_api(request: HttpRequest) -> bool:
 
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if is_api(request):
-        return error_response("not_found", "No such API endpoint.", 404)
+        return error_response(ErrorCode.NOT_FOUND, "No such API endpoint.", 404)
     # The exception's text is not shown: under DEBUG a resolver 404 carries the URL
     # patterns it tried, and a view's message may name what the reader may not see.
     return render(request, "404.html", {}, status=404)
@@ -45,7 +46,9 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if is_api(request):
-        return error_response("forbidden", "This is not allowed with these credentials.", 403)
+        return error_response(
+            ErrorCode.FORBIDDEN, "This is not allowed with these credentials.", 403
+        )
     # A PermissionDenied raised by the console carries a sentence written for the reader
     # ("Only operators of a tenant can open the operations console."), never agent text.
     reason = str(exception) if isinstance(exception, PermissionDenied) and exception.args else ""
@@ -54,7 +57,7 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     if is_api(request):
-        return error_response("server_error", "The console hit an unexpected error.", 500)
+        return error_response(ErrorCode.SERVER_ERROR, "The console hit an unexpected error.", 500)
     # Rendered without the request's context (no user, session or tenant): whatever broke
     # may be what the context processors would read.
     trace_id = structlog.contextvars.get_contextvars().get("trace_id", "")

@@ -28,6 +28,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals import metrics
+from approvals.errors import ErrorCode
 from config.celery import app as celery_app
 
 # Seconds each dependency gets to answer before the instance is reported not ready.
@@ -114,10 +115,10 @@ def _bearer(request: HttpRequest) -> str:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     token: str = getattr(settings, "METRICS_TOKEN", "") or ""
     if not token:
-        return _json({"error": {"code": "not_found", "message": "Metrics are off."}}, 404)
+        return _json({"error": {"code": ErrorCode.NOT_FOUND, "message": "Metrics are off."}}, 404)
     if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
         response = _json(
-            {"error": {"code": "unauthorized", "message": "Bearer token required."}}, 401
+            {"error": {"code": ErrorCode.UNAUTHORIZED, "message": "Bearer token required."}}, 401
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import transaction
 
 from approvals.audit.record import audit_record
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Tenant
 from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation.credentials import encrypt
@@ -26,7 +26,7 @@ def credential_replace(*, tenant: Tenant, adapter: str, secret: str, actor: str)
     for each command that an authentication challenge stopped, where the evidence allows
     it. Returns what each interrupted command got: an epoch, or the refusal."""
     if not secret:
-        raise ServiceError("secret_required", "Enter the new secret.", 422)
+        raise ServiceError(ErrorCode.SECRET_REQUIRED, "Enter the new secret.", 422)
     with transaction.atomic():
         AdapterCredential.objects.update_or_create(
             tenant=tenant,

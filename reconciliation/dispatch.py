@@ -42,11 +42,6 @@ from reconciliation.models import AdapterInvocation, Interruption
 
 log = structlog.get_logger("reconciliation")
 
-State = Command.State
-Safety = ToolContract.ReplaySafety
-Kind = AdapterInvocation.Kind
-Outcome = AdapterInvocation.Outcome
-
 
 # What is known when a later delivery finds a call unfinished: its worker died, or the
 # broker handed the message on while the call was still running.
@@ -152,13 +147,13 @@ def _start(
     # A row left unfinished by a worker that died is closed as abandoned: it happened,
     # and its outcome is whatever the evidence later says, not nothing.
     command.invocations.filter(finished_at__isnull=True).update(
-        finished_at=now, outcome=Outcome.ABANDONED, detail=_ABANDONED
+        finished_at=now, outcome=AdapterInvocation.Outcome.ABANDONED, detail=_ABANDONED
     )
     invocation = invocation_open(command, kind=kind, justification=why, message_id=message_id)
     metrics.dispatch_started(command, invocation.number, now)
-    if expect != State.SENDING:
+    if expect != Command.State.SENDING:
         moved = Command.objects.filter(pk=command.pk, state=expect).update(
-            state=State.SENDING, updated_at=now
+            state=Command.State.SENDING, updated_at=now
         )
         assert moved == 1, "the row lock guarantees the state read under it"
         _audit(
@@ -166,7 +161,7 @@ def _start(
             AuditKind.EFFECT_SENDING,
             message_id=message_id,
             execution_id=epoch.execution_id,
-            decision=State.SENDING,
+            decision=Command.State.SENDING,
             reason_code=why,
             data={"invocation": invocation.number, "epoch": epoch.number, "kind": kind},
         )
@@ -174,7 +169,7 @@ def _start(
 
 
 def _attempts(command: Command, epoch: Epoch) -> int:
-    return command.invocations.filter(epoch=epoch, kind=Kind.EXECUTE).count()
+    return command.invocations.filter(epoch=epoch, kind=AdapterInvocation.Kind.EXECUTE).count()
 
 
 def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
@@ -189,7 +184,7 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
         if command.executed_by != Command.ExecutedBy.CONSOLE:
             return Plan(pk, note="executed by the runtime")
 
-        if command.state == State.PENDING:
+        if command.state == Command.State.PENDING:
             epoch = current_epoch(command)
             attempts = _attempts(command, epoch)
             if attempts >= contract.max_attempts:
@@ -197,7 +192,7 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
                 _settle(
                     command,
                     None,
-                    State.REJECTED,
+                    Command.State.REJECTED,
                     message_id=message_id,
                     data={"why": f"{attempts} calls were refused before execution"},
                 )
@@ -209,43 +204,58 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
             else:
                 why = Why.FIRST_DELIVERY
             invocation = _start(
-                command, kind=Kind.EXECUTE, why=why, message_id=message_id, expect=State.PENDING
+                command,
+                kind=AdapterInvocation.Kind.EXECUTE,
+                why=why,
+                message_id=message_id,
+                expect=Command.State.PENDING,
             )
             return Plan(pk, invocation)
 
-        if command.state == State.SENDING:
+        if command.state == Command.State.SENDING:
             # The previous delivery's worker died, or is still in the call: either way a
             # call may be in flight, and only the contract can justify another.
             safety = contract.replay_safety
-            if safety == Safety.EFFECT_QUERYABLE:
+            if safety == ToolContract.ReplaySafety.EFFECT_QUERYABLE:
                 invocation = _start(
                     command,
-                    kind=Kind.QUERY,
+                    kind=AdapterInvocation.Kind.QUERY,
                     why=Why.EFFECT_QUERYABLE,
                     message_id=message_id,
-                    expect=State.SENDING,
+                    expect=Command.State.SENDING,
                 )
                 return Plan(pk, invocation)
             attempts_left = _attempts(command, current_epoch(command)) < contract.max_attempts
-            if safety in (Safety.IDEMPOTENT_WITH_KEY, Safety.READ_ONLY) and attempts_left:
+            if (
+                safety
+                in (
+                    ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY,
+                    ToolContract.ReplaySafety.READ_ONLY,
+                )
+                and attempts_left
+            ):
                 why = (
                     Why.IDEMPOTENT_WITH_KEY
-                    if safety == Safety.IDEMPOTENT_WITH_KEY
+                    if safety == ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY
                     else Why.READ_ONLY
                 )
                 invocation = _start(
-                    command, kind=Kind.EXECUTE, why=why, message_id=message_id, expect=State.SENDING
+                    command,
+                    kind=AdapterInvocation.Kind.EXECUTE,
+                    why=why,
+                    message_id=message_id,
+                    expect=Command.State.SENDING,
                 )
                 return Plan(pk, invocation)
             command.invocations.filter(finished_at__isnull=True).update(
                 finished_at=db_now(),
-                outcome=Outcome.ABANDONED,
+                outcome=AdapterInvocation.Outcome.ABANDONED,
                 detail=_ABANDONED,
             )
             _settle(
                 command,
                 None,
-                State.OUTCOME_UNKNOWN,
+                Command.State.OUTCOME_UNKNOWN,
                 message_id=message_id,
                 data={
                     "why": "a delivery found the command sending: the call may have reached "
@@ -325,7 +335,7 @@ def record(plan: Plan, result: Any) -> Plan:
         assert command is not None
         contract = command.occurrence.tool
         fresh = AdapterInvocation.objects.get(pk=invocation.pk)
-        if command.state != State.SENDING or fresh.finished_at is not None:
+        if command.state != Command.State.SENDING or fresh.finished_at is not None:
             # Another delivery settled the effect (or gave this call up) meanwhile: the
             # answer is still evidence, kept on the row and in the audit trail.
             detail = f"arrived after the effect was {command.state}: {describe(result)}"
@@ -344,16 +354,21 @@ def record(plan: Plan, result: Any) -> Plan:
 
         epoch = current_epoch(command)
         if isinstance(result, Committed):
-            _finish(invocation, Outcome.COMMITTED, receipt=result.receipt, detail=result.detail)
+            _finish(
+                invocation,
+                AdapterInvocation.Outcome.COMMITTED,
+                receipt=result.receipt,
+                detail=result.detail,
+            )
             why = (
                 "the effect query found it"
-                if invocation.kind == Kind.QUERY
+                if invocation.kind == AdapterInvocation.Kind.QUERY
                 else "the remote confirmed it"
             )
             _settle(
                 command,
                 invocation,
-                State.COMMITTED,
+                Command.State.COMMITTED,
                 message_id=invocation.message_id,
                 receipt=result.receipt,
                 reason_code=invocation.justification,
@@ -362,12 +377,12 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk)
 
         if isinstance(result, NotFound):
-            _finish(invocation, Outcome.NOT_FOUND, detail=result.detail)
+            _finish(invocation, AdapterInvocation.Outcome.NOT_FOUND, detail=result.detail)
             if _attempts(command, epoch) >= contract.max_attempts:
                 _settle(
                     command,
                     invocation,
-                    State.OUTCOME_UNKNOWN,
+                    Command.State.OUTCOME_UNKNOWN,
                     message_id=invocation.message_id,
                     reason_code=EventReason.ATTEMPTS_EXHAUSTED,
                     data={"why": "no effect under the key, and no attempt is left"},
@@ -375,15 +390,15 @@ def record(plan: Plan, result: Any) -> Plan:
                 return Plan(command.pk)
             nxt = _start(
                 command,
-                kind=Kind.EXECUTE,
+                kind=AdapterInvocation.Kind.EXECUTE,
                 why=Why.QUERIED_NOT_FOUND,
                 message_id=invocation.message_id,
-                expect=State.SENDING,
+                expect=Command.State.SENDING,
             )
             return Plan(command.pk, nxt)
 
         if isinstance(result, Interrupted):
-            _finish(invocation, Outcome.INTERRUPTED, detail=result.detail)
+            _finish(invocation, AdapterInvocation.Outcome.INTERRUPTED, detail=result.detail)
             interruption = Interruption.objects.create(
                 command=command,
                 epoch=epoch,
@@ -396,7 +411,7 @@ def record(plan: Plan, result: Any) -> Plan:
             _settle(
                 command,
                 invocation,
-                State.REJECTED,
+                Command.State.REJECTED,
                 message_id=invocation.message_id,
                 reason_code=EventReason.AUTH_CHALLENGE,
                 data={
@@ -420,21 +435,21 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk, note="interrupted")
 
         if isinstance(result, Rejected):
-            _finish(invocation, Outcome.REJECTED, detail=result.reason)
+            _finish(invocation, AdapterInvocation.Outcome.REJECTED, detail=result.reason)
             attempts = _attempts(command, epoch)
             if result.retryable and attempts < contract.max_attempts:
                 delay = _backoff(contract, attempts)
                 # Nothing happened, so the command goes back to the outbox.
                 now = db_now()
-                Command.objects.filter(pk=command.pk, state=State.SENDING).update(
-                    state=State.PENDING, updated_at=now
+                Command.objects.filter(pk=command.pk, state=Command.State.SENDING).update(
+                    state=Command.State.PENDING, updated_at=now
                 )
                 _audit(
                     command,
                     AuditKind.EFFECT_RETRY_SCHEDULED,
                     message_id=invocation.message_id,
                     execution_id=epoch.execution_id,
-                    decision=State.PENDING,
+                    decision=Command.State.PENDING,
                     reason_code=Why.REFUSED_BEFORE_EXECUTION,
                     data={
                         "invocation": invocation.number,
@@ -448,7 +463,7 @@ def record(plan: Plan, result: Any) -> Plan:
             _settle(
                 command,
                 invocation,
-                State.REJECTED,
+                Command.State.REJECTED,
                 message_id=invocation.message_id,
                 reason_code=EventReason.REFUSED_BEFORE_EXECUTION,
                 data={"why": result.reason},
@@ -456,21 +471,24 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk)
 
         assert isinstance(result, Unknown)
-        _finish(invocation, Outcome.OUTCOME_UNKNOWN, detail=result.why)
-        if contract.replay_safety == Safety.EFFECT_QUERYABLE and invocation.kind == Kind.EXECUTE:
+        _finish(invocation, AdapterInvocation.Outcome.OUTCOME_UNKNOWN, detail=result.why)
+        if (
+            contract.replay_safety == ToolContract.ReplaySafety.EFFECT_QUERYABLE
+            and invocation.kind == AdapterInvocation.Kind.EXECUTE
+        ):
             # Ask before anything else: the remote knows whether the effect exists.
             nxt = _start(
                 command,
-                kind=Kind.QUERY,
+                kind=AdapterInvocation.Kind.QUERY,
                 why=Why.EFFECT_QUERYABLE,
                 message_id=invocation.message_id,
-                expect=State.SENDING,
+                expect=Command.State.SENDING,
             )
             return Plan(command.pk, nxt)
         _settle(
             command,
             invocation,
-            State.OUTCOME_UNKNOWN,
+            Command.State.OUTCOME_UNKNOWN,
             message_id=invocation.message_id,
             reason_code=EventReason.AMBIGUOUS,
             data={"why": result.why},
@@ -481,11 +499,11 @@ def record(plan: Plan, result: Any) -> Plan:
 def outcome_of(result: Any) -> str:
     """The invocation outcome an adapter's typed result records."""
     return {
-        Committed: Outcome.COMMITTED,
-        Rejected: Outcome.REJECTED,
-        Unknown: Outcome.OUTCOME_UNKNOWN,
-        Interrupted: Outcome.INTERRUPTED,
-        NotFound: Outcome.NOT_FOUND,
+        Committed: AdapterInvocation.Outcome.COMMITTED,
+        Rejected: AdapterInvocation.Outcome.REJECTED,
+        Unknown: AdapterInvocation.Outcome.OUTCOME_UNKNOWN,
+        Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
+        NotFound: AdapterInvocation.Outcome.NOT_FOUND,
     }[type(result)].value
 
 
@@ -513,7 +531,7 @@ def perform(plan: Plan) -> Any:
     if adapter is None:
         return Rejected(f"the console has no adapter named {command.occurrence.tool.adapter!r}")
     call = call_of(command)
-    if invocation.kind == Kind.QUERY:
+    if invocation.kind == AdapterInvocation.Kind.QUERY:
         return adapter.query_effect(call)
     return adapter.execute(call)
 

@@ -8,37 +8,26 @@ import uuid
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Tenant
-from approvals.vocabulary import AuditKind, EventDecision, EventReason
+from approvals.vocabulary import AuditKind, EventDecision, EventReason, ReportedOutcome
 from reconciliation.dispatch import current_epoch
 from reconciliation.models import (
     Interruption,
 )
 
-State = Command.State
-
-
-class ReportedOutcome:
-    COMMITTED = "committed"
-    REJECTED = "rejected"
-    OUTCOME_UNKNOWN = "outcome_unknown"
-    INTERRUPTED = "interrupted"
-    ALL = (COMMITTED, REJECTED, OUTCOME_UNKNOWN, INTERRUPTED)
-
-
-_STATE_FOR_REPORT = {
-    ReportedOutcome.COMMITTED: State.COMMITTED,
-    ReportedOutcome.REJECTED: State.REJECTED,
-    ReportedOutcome.OUTCOME_UNKNOWN: State.OUTCOME_UNKNOWN,
+_STATE_FOR_REPORT: dict[str, str] = {
+    ReportedOutcome.COMMITTED: Command.State.COMMITTED,
+    ReportedOutcome.REJECTED: Command.State.REJECTED,
+    ReportedOutcome.OUTCOME_UNKNOWN: Command.State.OUTCOME_UNKNOWN,
     # An authentication challenge refused the call before execution.
-    ReportedOutcome.INTERRUPTED: State.REJECTED,
+    ReportedOutcome.INTERRUPTED: Command.State.REJECTED,
 }
 
 
 # What a runtime's report may move the effect from: the outbox, a call it said it started,
 # and an unknown outcome it has since learned more about.
-_REPORTABLE_FROM = (State.PENDING, State.SENDING, State.OUTCOME_UNKNOWN)
+_REPORTABLE_FROM = (Command.State.PENDING, Command.State.SENDING, Command.State.OUTCOME_UNKNOWN)
 
 
 def _lock_command(command_id: uuid.UUID, tenant: Tenant) -> Command:
@@ -49,7 +38,9 @@ def _lock_command(command_id: uuid.UUID, tenant: Tenant) -> Command:
         .first()
     )
     if command is None:
-        raise ServiceError("not_found", "No such command for this runtime key's tenant.", 404)
+        raise ServiceError(
+            ErrorCode.NOT_FOUND, "No such command for this runtime key's tenant.", 404
+        )
     return command
 
 
@@ -89,17 +80,17 @@ def command_report_effect(
             )
     if refused:
         raise ServiceError(
-            "not_your_command",
+            ErrorCode.NOT_YOUR_COMMAND,
             "Only the execution that holds this command's current epoch may report on it.",
             403,
         )
     with transaction.atomic():
         command = _lock_command(command_id, tenant)
         if current_epoch(command).pk != epoch.pk:
-            raise ServiceError("epoch_changed", "A new epoch was admitted meanwhile.", 409)
+            raise ServiceError(ErrorCode.EPOCH_CHANGED, "A new epoch was admitted meanwhile.", 409)
         if command.executed_by != Command.ExecutedBy.RUNTIME:
             raise ServiceError(
-                "executed_by_console",
+                ErrorCode.EXECUTED_BY_CONSOLE,
                 "The console executes this command through its adapter; its effect is "
                 "recorded by the console.",
                 409,
@@ -109,7 +100,7 @@ def command_report_effect(
             return command  # the same report again: already recorded
         if command.state not in _REPORTABLE_FROM:
             raise ServiceError(
-                "effect_already_recorded",
+                ErrorCode.EFFECT_ALREADY_RECORDED,
                 f"This command's effect is already {command.state}; it cannot become {target}.",
                 409,
             )

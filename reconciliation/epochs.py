@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
 from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation.dispatch import current_epoch
@@ -20,9 +20,6 @@ from reconciliation.models import (
     Interruption,
     OperatorDecision,
 )
-
-State = Command.State
-
 
 Justification = Epoch.Justification
 
@@ -57,16 +54,16 @@ def admission_for(
             Justification.AMBIGUITY_ACCEPTED,
             f"{decision.operator} accepted that a duplicate is possible (decision {decision.pk})",
         )
-    if command.state == State.RECONCILED:
+    if command.state == Command.State.RECONCILED:
         if last_finding(command) == OperatorDecision.Finding.NOT_COMMITTED:
             return Admission(
                 Justification.RECONCILED_NOT_COMMITTED,
                 "the effect was reconciled as not committed",
             )
         return None
-    if command.state == State.PENDING:
+    if command.state == Command.State.PENDING:
         return Admission(Justification.NOT_SENT, "the earlier effect is known not sent")
-    if command.state == State.REJECTED:
+    if command.state == Command.State.REJECTED:
         return Admission(Justification.REJECTED, "the earlier call was refused before execution")
     if contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY:
         return Admission(Justification.READ_ONLY, "the tool contract is read-only")
@@ -122,25 +119,25 @@ def epoch_admit(
         command = locked
         contract = command.occurrence.tool
         admission = admission_for(command, contract, decision)
-        settled = command.state in (State.COMMITTED, State.COMPENSATED) or (
-            command.state == State.RECONCILED and admission is None
+        settled = command.state in (Command.State.COMMITTED, Command.State.COMPENSATED) or (
+            command.state == Command.State.RECONCILED and admission is None
         )
         if settled:
             raise ServiceError(
-                "effect_committed",
+                ErrorCode.EFFECT_COMMITTED,
                 f"The effect is already {command.state}: there is nothing to attempt again.",
                 409,
             )
-        if command.state == State.SENDING and admission is None:
+        if command.state == Command.State.SENDING and admission is None:
             raise ServiceError(
-                "needs_reconciliation",
+                ErrorCode.NEEDS_RECONCILIATION,
                 "A call of this command may be in flight (effect sending); wait for its "
                 "outcome before asking for another attempt.",
                 409,
             )
         if admission is None:
             raise ServiceError(
-                "needs_reconciliation",
+                ErrorCode.NEEDS_RECONCILIATION,
                 f"The effect of command {command.pk} is {command.state}: another attempt "
                 f"could duplicate it, and the contract ({contract.replay_safety}) does not "
                 "allow one. An operator must reconcile it first.",
@@ -158,7 +155,7 @@ def epoch_admit(
             occurrence_id=command.occurrence_id, execution_id=execution_id
         ).exists():
             raise ServiceError(
-                "execution_id_used",
+                ErrorCode.EXECUTION_ID_USED,
                 "This execution id already has an epoch of this occurrence; a new attempt "
                 "needs a new execution id.",
                 409,
@@ -182,9 +179,9 @@ def epoch_admit(
             decision=decision,
         )
         now = db_now()
-        if command.state != State.PENDING:
+        if command.state != Command.State.PENDING:
             Command.objects.filter(pk=command.pk, state=command.state).update(
-                state=State.PENDING, updated_at=now
+                state=Command.State.PENDING, updated_at=now
             )
         Interruption.objects.filter(command=command, resolved_at__isnull=True).update(
             resolved_at=now
@@ -227,7 +224,7 @@ def occurrence_epoch_request(
     )
     if command is None:
         raise ServiceError(
-            "no_command",
+            ErrorCode.NO_COMMAND,
             "This occurrence has no command yet: claim its approval first.",
             409,
         )

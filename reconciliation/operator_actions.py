@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
@@ -31,11 +31,6 @@ from reconciliation.dispatch import call_of, current_epoch, describe, invocation
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
 
-State = Command.State
-Action = OperatorDecision.Action
-Finding = OperatorDecision.Finding
-Outcome = AdapterInvocation.Outcome
-
 # Invocations whose receipt names the effect under the command's key (a compensation's
 # names its reversal).
 _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
@@ -43,11 +38,27 @@ _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
 # Where each action may start from. A state outside its set means another operator (or the
 # worker) got there first: the action is refused and the page shows the new state.
 ALLOWED_FROM: dict[str, tuple[str, ...]] = {
-    Action.QUERY_EFFECT: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING, State.REJECTED),
-    Action.RECONCILE: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING),
-    Action.ACCEPT_AMBIGUITY: (State.OUTCOME_UNKNOWN, State.SENDING),
-    Action.RETRY: (State.PENDING, State.REJECTED, State.RECONCILED),
-    Action.COMPENSATE: (State.COMMITTED, State.RECONCILED),
+    OperatorDecision.Action.QUERY_EFFECT: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+        Command.State.REJECTED,
+    ),
+    OperatorDecision.Action.RECONCILE: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+    ),
+    OperatorDecision.Action.ACCEPT_AMBIGUITY: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+    ),
+    OperatorDecision.Action.RETRY: (
+        Command.State.PENDING,
+        Command.State.REJECTED,
+        Command.State.RECONCILED,
+    ),
+    OperatorDecision.Action.COMPENSATE: (Command.State.COMMITTED, Command.State.RECONCILED),
 }
 
 
@@ -65,14 +76,16 @@ class Done:
 def _require_note(note: str) -> str:
     note = (note or "").strip()
     if not note:
-        raise ServiceError("note_required", "Write a note: it is recorded with the decision.", 422)
+        raise ServiceError(
+            ErrorCode.NOTE_REQUIRED, "Write a note: it is recorded with the decision.", 422
+        )
     return note
 
 
 def _lock(command_id: Any) -> Command:
     command = command_lock(command_id)
     if command is None:
-        raise ServiceError("not_found", "No such command.", 404)
+        raise ServiceError(ErrorCode.NOT_FOUND, "No such command.", 404)
     return command
 
 
@@ -92,14 +105,14 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
     if seen:
         if not _SEEN_STATE.fullmatch(seen):
             raise ServiceError(
-                "seen_state_invalid",
+                ErrorCode.SEEN_STATE_INVALID,
                 "The form did not say which state it was shown: reload the page and decide again.",
                 422,
             )
         epoch = current_epoch(command).number
         if seen != seen_state(command.state, epoch):
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"Refused: the effect is now {command.get_state_display().lower()} (epoch "
                 f"{epoch}), not what your page showed when you decided. Nothing was "
                 "recorded: look at it as it is now and decide again.",
@@ -107,9 +120,9 @@ def _refuse_unless(command: Command, action: str, seen: str | None = None) -> No
             )
     if command.state not in ALLOWED_FROM[action]:
         raise Refused(
-            "state_changed",
+            ErrorCode.STATE_CHANGED,
             f"Refused: the effect is now {command.get_state_display().lower()}, which does "
-            f"not allow “{Action(action).label.lower()}”. Nothing was recorded.",
+            f"not allow “{OperatorDecision.Action(action).label.lower()}”. Nothing was recorded.",
             409,
         )
 
@@ -199,7 +212,7 @@ def _refuse_while_compensating(command: Command) -> None:
     now = db_now()
     if call.started_at > now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS):
         raise Refused(
-            "compensation_in_progress",
+            ErrorCode.COMPENSATION_IN_PROGRESS,
             "Refused: a compensation of this effect is already in progress (invocation "
             f"{call.number}, started {call.started_at.astimezone(UTC):%H:%M:%S} UTC); its "
             "answer will show here. The effect is still "
@@ -207,7 +220,7 @@ def _refuse_while_compensating(command: Command) -> None:
             409,
         )
     AdapterInvocation.objects.filter(pk=call.pk, finished_at__isnull=True).update(
-        finished_at=now, outcome=Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
+        finished_at=now, outcome=AdapterInvocation.Outcome.ABANDONED, detail=_COMPENSATION_GIVEN_UP
     )
 
 
@@ -271,11 +284,11 @@ def command_query_effect(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.QUERY_EFFECT, seen)
+        _refuse_unless(command, OperatorDecision.Action.QUERY_EFFECT, seen)
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_query:
             raise ServiceError(
-                "cannot_query",
+                ErrorCode.CANNOT_QUERY,
                 "This tool's adapter cannot be asked about an effect: reconcile it by hand.",
                 409,
             )
@@ -290,7 +303,7 @@ def command_query_effect(
     def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"The effect changed to {command.get_state_display().lower()} while the "
                 "adapter was asked; its answer is kept on the invocation, nothing else.",
                 409,
@@ -300,24 +313,24 @@ def command_query_effect(
         if isinstance(result, Committed):
             decision = _record(
                 command,
-                action=Action.QUERY_EFFECT,
+                action=OperatorDecision.Action.QUERY_EFFECT,
                 operator=operator,
                 note=note,
-                finding=Finding.COMMITTED,
+                finding=OperatorDecision.Finding.COMMITTED,
                 evidence=receipt,
-                state_after=State.COMMITTED,
+                state_after=Command.State.COMMITTED,
                 data={"receipt": receipt, "invocation": invocation.number},
             )
             return Done(decision, f"The adapter found the effect: committed, receipt {receipt}.")
         if isinstance(result, NotFound):
             decision = _record(
                 command,
-                action=Action.QUERY_EFFECT,
+                action=OperatorDecision.Action.QUERY_EFFECT,
                 operator=operator,
                 note=note,
-                finding=Finding.NOT_COMMITTED,
+                finding=OperatorDecision.Finding.NOT_COMMITTED,
                 evidence=detail,
-                state_after=State.RECONCILED,
+                state_after=Command.State.RECONCILED,
                 data={"invocation": invocation.number},
             )
             return Done(
@@ -327,7 +340,7 @@ def command_query_effect(
             )
         decision = _record(
             command,
-            action=Action.QUERY_EFFECT,
+            action=OperatorDecision.Action.QUERY_EFFECT,
             operator=operator,
             note=note,
             state_after=command.state,
@@ -351,23 +364,25 @@ def command_reconcile(
     """Record by hand, with evidence, that the effect is committed or not."""
     note = _require_note(note)
     evidence = (evidence or "").strip()
-    if outcome not in (Finding.COMMITTED, Finding.NOT_COMMITTED):
-        raise ServiceError("outcome_required", "Choose committed or not committed.", 422)
+    if outcome not in (OperatorDecision.Finding.COMMITTED, OperatorDecision.Finding.NOT_COMMITTED):
+        raise ServiceError(ErrorCode.OUTCOME_REQUIRED, "Choose committed or not committed.", 422)
     if not evidence:
-        raise ServiceError("evidence_required", "Give the evidence: a receipt id or a link.", 422)
+        raise ServiceError(
+            ErrorCode.EVIDENCE_REQUIRED, "Give the evidence: a receipt id or a link.", 422
+        )
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RECONCILE, seen)
+        _refuse_unless(command, OperatorDecision.Action.RECONCILE, seen)
         decision = _record(
             command,
-            action=Action.RECONCILE,
+            action=OperatorDecision.Action.RECONCILE,
             operator=operator,
             note=note,
             finding=outcome,
             evidence=evidence,
-            state_after=State.RECONCILED,
+            state_after=Command.State.RECONCILED,
         )
-    label = "committed" if outcome == Finding.COMMITTED else "not committed"
+    label = "committed" if outcome == OperatorDecision.Finding.COMMITTED else "not committed"
     return Done(decision, f"Reconciled as {label}.")
 
 
@@ -389,10 +404,10 @@ def command_accept_ambiguity(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.ACCEPT_AMBIGUITY, seen)
+        _refuse_unless(command, OperatorDecision.Action.ACCEPT_AMBIGUITY, seen)
         decision = _record(
             command,
-            action=Action.ACCEPT_AMBIGUITY,
+            action=OperatorDecision.Action.ACCEPT_AMBIGUITY,
             operator=operator,
             note=note,
             state_after=command.state,
@@ -412,15 +427,22 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.RETRY, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
+        _refuse_unless(command, OperatorDecision.Action.RETRY, seen)
+        if (
+            command.state == Command.State.RECONCILED
+            and last_finding(command) != OperatorDecision.Finding.NOT_COMMITTED
+        ):
             raise Refused(
-                "not_justified",
+                ErrorCode.NOT_JUSTIFIED,
                 "The effect was reconciled as committed: a retry would duplicate it.",
                 409,
             )
         decision = _record(
-            command, action=Action.RETRY, operator=operator, note=note, state_after=command.state
+            command,
+            action=OperatorDecision.Action.RETRY,
+            operator=operator,
+            note=note,
+            state_after=command.state,
         )
         epoch = _admit(command, decision, operator, note)
     return Done(
@@ -445,10 +467,13 @@ def command_compensate(
     note = _require_note(note)
     with transaction.atomic():
         command = _lock(command_id)
-        _refuse_unless(command, Action.COMPENSATE, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
+        _refuse_unless(command, OperatorDecision.Action.COMPENSATE, seen)
+        if (
+            command.state == Command.State.RECONCILED
+            and last_finding(command) != OperatorDecision.Finding.COMMITTED
+        ):
             raise Refused(
-                "not_committed",
+                ErrorCode.NOT_COMMITTED,
                 "The effect was reconciled as not committed: there is nothing to compensate.",
                 409,
             )
@@ -456,19 +481,19 @@ def command_compensate(
         if manual_evidence.strip():
             decision = _record(
                 command,
-                action=Action.COMPENSATE,
+                action=OperatorDecision.Action.COMPENSATE,
                 operator=operator,
                 note=note,
-                finding=Finding.COMPENSATED,
+                finding=OperatorDecision.Finding.COMPENSATED,
                 evidence=manual_evidence.strip(),
-                state_after=State.COMPENSATED,
+                state_after=Command.State.COMPENSATED,
                 data={"method": "manual"},
             )
             return Done(decision, "Compensation recorded.")
         adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
         if adapter is None or not adapter.can_compensate:
             raise ServiceError(
-                "cannot_compensate",
+                ErrorCode.CANNOT_COMPENSATE,
                 "This tool's adapter cannot compensate: do it elsewhere and record it with "
                 "its evidence.",
                 409,
@@ -483,7 +508,7 @@ def command_compensate(
         ) or ""
         if not receipt:
             raise ServiceError(
-                "no_receipt",
+                ErrorCode.NO_RECEIPT,
                 "No receipt of the effect is recorded, so the adapter cannot name what to "
                 "reverse: record a manual compensation.",
                 409,
@@ -499,14 +524,14 @@ def command_compensate(
     def decide(command: Command) -> Done:
         if command.state != state_asked:
             raise Refused(
-                "state_changed",
+                ErrorCode.STATE_CHANGED,
                 f"The effect changed to {command.get_state_display().lower()} meanwhile; the "
                 "adapter's answer is kept on the invocation.",
                 409,
             )
         if not isinstance(result, Committed):
             raise ServiceError(
-                "compensation_failed",
+                ErrorCode.COMPENSATION_FAILED,
                 f"The adapter did not confirm the reversal: {_detail(result)}. Its answer is "
                 "kept on the invocation; the effect is still "
                 f"{command.get_state_display().lower()}.",
@@ -514,12 +539,12 @@ def command_compensate(
             )
         decision = _record(
             command,
-            action=Action.COMPENSATE,
+            action=OperatorDecision.Action.COMPENSATE,
             operator=operator,
             note=note,
-            finding=Finding.COMPENSATED,
+            finding=OperatorDecision.Finding.COMPENSATED,
             evidence=result.receipt,
-            state_after=State.COMPENSATED,
+            state_after=Command.State.COMPENSATED,
             data={"method": "adapter", "reversal": result.receipt, "of": receipt},
         )
         return Done(

@@ -22,7 +22,7 @@ from django.views.decorators.debug import sensitive_variables
 from approvals.access import tokens
 from approvals.access.tenancy import has_role
 from approvals.audit.record import audit_record
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import Membership, ReviewerToken, Tenant
 from approvals.vocabulary import AuditKind
 
@@ -38,7 +38,7 @@ def reviewer_token_issue(
     """Create a token for ``user`` in ``tenant``; return it and the raw token (shown once)."""
     if not has_role(user, tenant.pk, Membership.Role.REVIEWER):
         raise ServiceError(
-            "forbidden", "Only a reviewer of this tenant may create a token to decide.", 403
+            ErrorCode.FORBIDDEN, "Only a reviewer of this tenant may create a token to decide.", 403
         )
     name = (name or "").strip()
     if not name:
@@ -88,7 +88,7 @@ def reviewer_token_revoke(
     ``by_superuser``: the Django admin's action (its own permission check ran)."""
     allowed = by_superuser and getattr(user, "is_superuser", False)
     if not allowed and not reviewer_token_may_revoke(user, token):
-        raise ServiceError("forbidden", "This token is not yours to revoke.", 403)
+        raise ServiceError(ErrorCode.FORBIDDEN, "This token is not yours to revoke.", 403)
     with transaction.atomic():
         now = timezone.now()
         changed = ReviewerToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
@@ -154,7 +154,7 @@ def reviewer_token_require_reviewer(token: ReviewerToken) -> None:
     use of a token passes here, reads and long-polls included."""
     if not getattr(token, "owner_reviews", False):
         raise ServiceError(
-            "forbidden",
+            ErrorCode.FORBIDDEN,
             "The owner of this access token is no longer a reviewer of its tenant.",
             403,
         )

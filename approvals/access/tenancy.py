@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import (
     Membership,
     Tenant,
@@ -21,7 +21,7 @@ def has_role(user: User, tenant_id: int, role: str) -> bool:
 
 def require_role(user: User, tenant_id: int, role: str) -> None:
     if not has_role(user, tenant_id, role):
-        raise ServiceError("forbidden", f"You are not a {role} of this tenant.", 403)
+        raise ServiceError(ErrorCode.FORBIDDEN, f"You are not a {role} of this tenant.", 403)
 
 
 def username_of(user: User) -> str:

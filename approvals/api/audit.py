@@ -25,7 +25,7 @@ from approvals.audit.chain import audit_chain_extend
 from approvals.audit.export import AuditFilter, audit_cursor_latest, audit_export
 from approvals.audit.ingest import AuditLine
 from approvals.canonical.parsing import parse_json
-from approvals.errors import InputError
+from approvals.errors import ErrorCode, InputError
 
 router = Router()
 
@@ -362,17 +362,17 @@ def _ndjson_body(request: HttpRequest) -> bytes | HttpResponse:
         length = 0
     if length <= 0:
         return error_response(
-            "empty_body", "The body is empty; send one JSON object per line.", 400
+            ErrorCode.EMPTY_BODY, "The body is empty; send one JSON object per line.", 400
         )
     charset = (request.content_params or {}).get("charset", "utf-8").lower()
     if request.content_type != "application/x-ndjson" or charset not in {"utf-8", "utf8"}:
         return error_response(
-            "unsupported_media_type",
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
             "Send the batch as Content-Type: application/x-ndjson, one JSON object per line.",
             415,
         )
     too_big = error_response(
-        "payload_too_large",
+        ErrorCode.PAYLOAD_TOO_LARGE,
         f"The body is larger than {AUDIT_INGEST_MAX_BODY_BYTES // 1024} KiB; send smaller batches.",
         413,
     )
@@ -431,7 +431,7 @@ def audit_ingest(request: HttpRequest) -> HttpResponse | dict[str, int]:
         )
     if not lines:
         return error_response(
-            "empty_body", "The body is empty; send one JSON object per line.", 400
+            ErrorCode.EMPTY_BODY, "The body is empty; send one JSON object per line.", 400
         )
     ingestion = ingest.audit_ingest(runtime_key=runtime_key_of(request), lines=lines)
     return {

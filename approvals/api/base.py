@@ -40,7 +40,7 @@ from approvals.access.runtime_keys import runtime_key_authenticate
 from approvals.api import contract_openapi, longpoll, openapi
 from approvals.api.errors import error_response
 from approvals.canonical.parsing import parse_json
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import (
     ReviewerToken,
     RuntimeKey,
@@ -130,7 +130,9 @@ def _enveloped_405(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpR
         if isinstance(response, HttpResponseNotAllowed):
             allowed = response["Allow"]
             response = error_response(
-                "method_not_allowed", f"{request.method} is not allowed here; use {allowed}.", 405
+                ErrorCode.METHOD_NOT_ALLOWED,
+                f"{request.method} is not allowed here; use {allowed}.",
+                405,
             )
             response["Allow"] = allowed
         return response
@@ -219,7 +221,7 @@ def _service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
 
 
 # Refusals that waiting may lift (a review still to come): seconds before asking again.
-_RETRY_AFTER_SECONDS = {"not_approved": 5}
+_RETRY_AFTER_SECONDS = {ErrorCode.NOT_APPROVED: 5}
 
 
 @api.exception_handler(HttpError)
@@ -227,19 +229,21 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     # ninja wraps parser failures in a 400; unwrap them to keep their precise code.
     if isinstance(exc.__cause__, InputError):
         return _input_error(request, exc.__cause__)
-    return error_response("bad_request", str(exc), exc.status_code)
+    return error_response(ErrorCode.BAD_REQUEST, str(exc), exc.status_code)
 
 
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     limit = settings.API_MAX_BODY_BYTES // 1024
-    return error_response("payload_too_large", f"The body is larger than {limit} KiB.", 413)
+    return error_response(ErrorCode.PAYLOAD_TOO_LARGE, f"The body is larger than {limit} KiB.", 413)
 
 
 @api.exception_handler(AuthenticationError)
 def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
     response = error_response(
-        "unauthenticated", "Send a valid, active runtime key as 'Authorization: Bearer <key>'.", 401
+        ErrorCode.UNAUTHENTICATED,
+        "Send a valid, active runtime key as 'Authorization: Bearer <key>'.",
+        401,
     )
     response["WWW-Authenticate"] = 'Bearer realm="agent-api"'
     return response
@@ -251,7 +255,7 @@ def _rate_limited(request: HttpRequest, exc: Throttled) -> HttpResponse:
     limit = _throttle.limit()
     window = settings.API_RATE_WINDOW_SECONDS
     response = error_response(
-        "rate_limited",
+        ErrorCode.RATE_LIMITED,
         f"This {_throttle.caller()} made more than {limit} requests in {window} seconds; "
         f"retry after {retry_after} seconds.",
         429,
@@ -264,7 +268,7 @@ def database_unavailable_response() -> HttpResponse:
     """``503 database_unavailable`` with ``Retry-After``: nothing was written (every change
     is one transaction, which the database rolls back when it goes away)."""
     response = error_response(
-        "database_unavailable",
+        ErrorCode.DATABASE_UNAVAILABLE,
         "The console's database is unavailable; nothing was changed. Retry later.",
         503,
     )
@@ -283,7 +287,9 @@ def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 @api.exception_handler(Http404)
 def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
-    return error_response("not_found", "No such resource for this runtime key's tenant.", 404)
+    return error_response(
+        ErrorCode.NOT_FOUND, "No such resource for this runtime key's tenant.", 404
+    )
 
 
 _VALIDATION_CODES = {
@@ -309,7 +315,7 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
         for e in exc.errors
     ):
         # ninja skips the parser for an empty body and reports the whole payload missing.
-        return error_response("empty_body", "The body is empty; send a JSON object.", 400)
+        return error_response(ErrorCode.EMPTY_BODY, "The body is empty; send a JSON object.", 400)
     details = []
     for error in exc.errors:
         loc = [

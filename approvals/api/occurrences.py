@@ -53,6 +53,7 @@ from approvals.reviews.selectors import (
     occurrence_get_for_tenant,
 )
 from approvals.reviews.selectors import occurrence_lookup as occurrence_of_client_ref
+from approvals.vocabulary import ReviewOutcome, ReviewOutcomeLiteral
 
 router = Router()
 
@@ -294,7 +295,7 @@ class DecisionIn(StrictSchema):
 
 class DecisionOut(Schema):
     decision: Literal["approve", "reject"]
-    outcome: Literal["issued", "vote_recorded", "rejected"] = Field(
+    outcome: ReviewOutcomeLiteral = Field(
         ...,
         description="issued: the approval is issued; vote_recorded: your vote counts toward a "
         "quorum that needs more reviewers; rejected: the request is rejected.",
@@ -342,13 +343,13 @@ def occurrence_decide(
         approved = occurrence_approve(
             occurrence=occurrence, reviewer=token.user, seen_digest=payload.seen_digest, via=via
         )
-        outcome = "issued" if approved.issued else "vote_recorded"
+        outcome = ReviewOutcome.ISSUED if approved.issued else ReviewOutcome.VOTE_RECORDED
         votes, needed = approved.votes, approved.needed
     else:
         occurrence_reject(
             occurrence=occurrence, reviewer=token.user, reason=payload.reason or "", via=via
         )
-        outcome = "rejected"
+        outcome = ReviewOutcome.REJECTED
     return {
         "decision": payload.decision,
         "outcome": outcome,

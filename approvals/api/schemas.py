@@ -4,14 +4,20 @@ claims, commands)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from ninja import Field, Schema
 from pydantic import ConfigDict, StrictStr
 
 from approvals.api import openapi
 from approvals.api.errors import ErrorBody
-from approvals.vocabulary import AdmittingDecision, RefusingDecision
+from approvals.vocabulary import (
+    AdmittingDecision,
+    EffectState,
+    ExecutedBy,
+    PriorDecision,
+    RefusingDecision,
+)
 
 
 class StrictSchema(Schema):
@@ -69,7 +75,7 @@ class ProposalOut(Schema):
 
 class PriorDecisionOut(Schema):
     occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
-    decision: Literal["rejected"]
+    decision: PriorDecision
     reason: str
     decided_at: datetime | None
     decided_by: str = Field(..., description="The reviewer, or `policy` (a repeat rejected).")
@@ -98,15 +104,6 @@ class ApprovalOut(Schema):
     token_delivered: bool
     consumed_by_execution: str | None
     consumed_at: datetime | None
-
-
-# The effect vocabulary of DESIGN.md, as the API names it (``Command.effect_state``).
-EffectState = Literal[
-    "not_sent", "sending", "committed", "rejected", "outcome_unknown", "reconciled", "compensated"
-]
-
-
-ExecutedBy = Literal["console", "runtime"]
 
 
 class CommandOut(Schema):

@@ -15,12 +15,13 @@ from ninja import Field, Router, Schema
 from approvals.api import openapi
 from approvals.api.base import runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
-from approvals.api.schemas import CanonicalizeIn, ExecutedBy, PriorDecisionOut
+from approvals.api.schemas import CanonicalizeIn, PriorDecisionOut
 from approvals.models import (
     ToolContract,
 )
 from approvals.reviews.proposals import action_canonical, prior_rejections
 from approvals.reviews.selectors import tool_contract, tool_contracts
+from approvals.vocabulary import ExecutedBy
 from approvals.web.presenters.review import quorum_rule
 
 router = Router()

@@ -16,26 +16,16 @@ from approvals.models import (
     CallbackDelivery,
     Occurrence,
 )
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import DECISION_WORDS
 
 log = structlog.get_logger("approvals.callbacks")
-
-
-# Audit kinds that are decisions a waiting runtime wants to hear of, and how the
-# callback's body names them.
-EVENTS: dict[str, str] = {
-    AuditKind.APPROVAL_ISSUED: "approved",
-    AuditKind.OCCURRENCE_REJECTED: "rejected",
-    AuditKind.APPROVAL_EXPIRED: "expired",
-    AuditKind.PROPOSAL_EDITED: "edited",
-}
 
 
 def callback_delivery_create(event: AuditEvent) -> CallbackDelivery | None:
     """Called by the service that decided, with the decision's audit event, inside the
     deciding transaction: a delivery row for the proposing key's callback, if it has one
     (None for an event no runtime is told of, or a key without an active callback)."""
-    name = EVENTS.get(event.kind)
+    name = DECISION_WORDS.get(event.kind)
     if name is None or event.occurrence_id is None:
         return None
     found = (

@@ -34,12 +34,6 @@ from approvals.vocabulary import (
     ClaimReason,
 )
 
-# The claim's decisions and reasons (``approvals.vocabulary``), by their old names here too.
-Decision = ClaimDecision
-
-
-Reason = ClaimReason
-
 
 @dataclass(frozen=True)
 class ClaimResult:
@@ -171,8 +165,8 @@ def approval_claim(
             occurrence=consumed.occurrence_id,
             actor=runtime_actor(runtime_key),
             token_fingerprint=consumed.fingerprint,
-            decision=Decision.APPROVED,
-            reason_code=Reason.CLAIMED,
+            decision=ClaimDecision.APPROVED,
+            reason_code=ClaimReason.CLAIMED,
             execution_id=execution_id,
             message_id=message_id,
             command_id=command.id,
@@ -185,7 +179,7 @@ def approval_claim(
     # The command row is the outbox: whoever dispatches (``reconciliation.claims``, which
     # sits above this app and calls this function) publishes its delivery once it is
     # committed, and a periodic sweep finds any whose publish got lost.
-    return ClaimResult(Decision.APPROVED, Reason.CLAIMED, command)
+    return ClaimResult(ClaimDecision.APPROVED, ClaimReason.CLAIMED, command)
 
 
 def _explain_refusal(
@@ -194,26 +188,26 @@ def _explain_refusal(
     """``digest`` is None when the presented action breaks its contract."""
     if approval.state == Approval.State.CONSUMED:
         if approval.consumed_by_execution != execution_id:
-            return Decision.REPLAYED, Reason.CONSUMED_BY_OTHER_EXECUTION
+            return ClaimDecision.REPLAYED, ClaimReason.CONSUMED_BY_OTHER_EXECUTION
         if digest is None:
-            return Decision.SCOPE_MISMATCH, Reason.ACTION_INVALID
+            return ClaimDecision.SCOPE_MISMATCH, ClaimReason.ACTION_INVALID
         if approval.action_digest == digest:
-            return Decision.DUPLICATE_DELIVERY, Reason.SAME_EXECUTION_REDELIVERY
-        return Decision.SCOPE_MISMATCH, Reason.ACTION_DIFFERS
+            return ClaimDecision.DUPLICATE_DELIVERY, ClaimReason.SAME_EXECUTION_REDELIVERY
+        return ClaimDecision.SCOPE_MISMATCH, ClaimReason.ACTION_DIFFERS
     if approval.bound_execution_id and approval.bound_execution_id != execution_id:
         # The token was delivered to another execution: whoever presents it copied it.
-        return Decision.REPLAYED, Reason.BOUND_TO_OTHER_EXECUTION
+        return ClaimDecision.REPLAYED, ClaimReason.BOUND_TO_OTHER_EXECUTION
     if approval.state == Approval.State.REVOKED:
-        return Decision.REVOKED, Reason.REVOKED_BY_ADMIN
+        return ClaimDecision.REVOKED, ClaimReason.REVOKED_BY_ADMIN
     if approval.state == Approval.State.EXPIRED or approval.expired:
-        return Decision.EXPIRED, Reason.EXPIRED
+        return ClaimDecision.EXPIRED, ClaimReason.EXPIRED
     if approval.superseded:
-        return Decision.SCOPE_MISMATCH, Reason.PROPOSAL_SUPERSEDED
+        return ClaimDecision.SCOPE_MISMATCH, ClaimReason.PROPOSAL_SUPERSEDED
     if digest is None:
-        return Decision.SCOPE_MISMATCH, Reason.ACTION_INVALID
+        return ClaimDecision.SCOPE_MISMATCH, ClaimReason.ACTION_INVALID
     if approval.tool_name != tool:
-        return Decision.SCOPE_MISMATCH, Reason.TOOL_DIFFERS
-    return Decision.SCOPE_MISMATCH, Reason.ACTION_DIFFERS
+        return ClaimDecision.SCOPE_MISMATCH, ClaimReason.TOOL_DIFFERS
+    return ClaimDecision.SCOPE_MISMATCH, ClaimReason.ACTION_DIFFERS
 
 
 @sensitive_variables("token")
@@ -247,17 +241,17 @@ def _claim_refused(
         approval = None
         retired = _retired_token(tenant, token_hash, token)
     if retired is not None:
-        decision, reason = Decision.REPLAYED, Reason.TOKEN_REDELIVERED
+        decision, reason = ClaimDecision.REPLAYED, ClaimReason.TOKEN_REDELIVERED
     elif approval is None:
-        decision, reason = Decision.UNKNOWN_TOKEN, Reason.NO_SUCH_TOKEN
+        decision, reason = ClaimDecision.UNKNOWN_TOKEN, ClaimReason.NO_SUCH_TOKEN
     elif other_key:
-        decision, reason = Decision.SCOPE_MISMATCH, Reason.OTHER_RUNTIME_KEY
+        decision, reason = ClaimDecision.SCOPE_MISMATCH, ClaimReason.OTHER_RUNTIME_KEY
     else:
         decision, reason = _explain_refusal(approval, digest, tool, execution_id)
-        if decision == Decision.DUPLICATE_DELIVERY:
+        if decision == ClaimDecision.DUPLICATE_DELIVERY:
             command = Command.objects.get(approval_id=approval.id)
     if (
-        decision == Decision.UNKNOWN_TOKEN
+        decision == ClaimDecision.UNKNOWN_TOKEN
         and runtime_key is not None
         and not ratelimit.unknown_token_refusal_counted(runtime_key)
     ):

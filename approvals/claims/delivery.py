@@ -12,7 +12,7 @@ from django.views.decorators.debug import sensitive_variables
 from approvals.access import tokens
 from approvals.access.runtime_keys import runtime_actor, runtime_key_may_act_for
 from approvals.audit.record import DbNow, audit_record
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import (
     Approval,
     Command,
@@ -62,7 +62,7 @@ def approval_deliver_token(
         runtime_key, occurrence.runtime_key_id
     ):
         raise ServiceError(
-            "other_runtime_key",
+            ErrorCode.OTHER_RUNTIME_KEY,
             "Another runtime key proposed this request; only that key, or a key an admin "
             "put in the same runtime group, may pick up its token.",
             403,
@@ -71,15 +71,15 @@ def approval_deliver_token(
     if approval is None:
         if occurrence.status == Occurrence.Status.REJECTED:
             raise ServiceError(
-                "rejected",
+                ErrorCode.REJECTED,
                 f"A reviewer rejected this request: {occurrence.rejection_reason}",
                 details=rejection_details(occurrence),
             )
         if occurrence.status == Occurrence.Status.AUTO_ADMITTED:
             raise ServiceError(
-                "auto_admitted", "This call was admitted by policy; it needs no token."
+                ErrorCode.AUTO_ADMITTED, "This call was admitted by policy; it needs no token."
             )
-        raise ServiceError("not_approved", "This request has not been approved yet.")
+        raise ServiceError(ErrorCode.NOT_APPROVED, "This request has not been approved yet.")
 
     raw = tokens.mint(tokens.APPROVAL_TOKEN_PREFIX)
     fingerprint = tokens.fingerprint(raw)
@@ -141,7 +141,7 @@ def _refuse_delivery(approval_id: int, execution_id: str) -> NoReturn:
     if approval.state == Approval.State.CONSUMED and execution_id:
         command = Command.objects.filter(approval_id=approval.pk).values_list("id", flat=True)
         raise ServiceError(
-            "claimed",
+            ErrorCode.CLAIMED,
             "This approval was already claimed; its command is in details.",
             details={
                 "command_id": str(command.first()),
@@ -152,7 +152,7 @@ def _refuse_delivery(approval_id: int, execution_id: str) -> NoReturn:
     # anyone else, as in API v1 as first shipped, that the token is gone.
     if approval.token_hash and not (execution_id and approval.bound_execution_id == execution_id):
         raise ServiceError(
-            "token_already_delivered",
+            ErrorCode.TOKEN_ALREADY_DELIVERED,
             "The token for this approval was already picked up."
             + (
                 " Only the execution it was delivered to may ask for it again."
@@ -161,7 +161,11 @@ def _refuse_delivery(approval_id: int, execution_id: str) -> NoReturn:
             ),
         )
     if approval.state == Approval.State.REVOKED:
-        raise ServiceError("revoked", f"An admin revoked this approval: {approval.revoke_reason}")
+        raise ServiceError(
+            ErrorCode.REVOKED, f"An admin revoked this approval: {approval.revoke_reason}"
+        )
     if approval.state == Approval.State.EXPIRED or approval.expires_at <= approval.db_now:  # type: ignore[attr-defined]
-        raise ServiceError("expired", "This approval expired before its token was picked up.")
-    raise ServiceError("not_approved", "The approved version is no longer current.")
+        raise ServiceError(
+            ErrorCode.EXPIRED, "This approval expired before its token was picked up."
+        )
+    raise ServiceError(ErrorCode.NOT_APPROVED, "The approved version is no longer current.")

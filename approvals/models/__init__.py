@@ -17,7 +17,6 @@ from approvals.models.audit import (
 from approvals.models.callbacks import CallbackAttempt, CallbackDelivery, RuntimeCallback
 from approvals.models.contracts import ToolContract
 from approvals.models.occurrences import (
-    EFFECT_NOT_SENT,
     Approval,
     ApprovalVote,
     Command,
@@ -38,7 +37,6 @@ from approvals.models.tenancy import (
 __all__ = [
     "AUDIT_CHAIN_GENESIS",
     "DECISIVE_EVENTS",
-    "EFFECT_NOT_SENT",
     "Approval",
     "ApprovalVote",
     "AuditChainHead",

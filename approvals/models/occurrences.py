@@ -17,6 +17,7 @@ from django.db.models import Q
 
 from approvals.models.contracts import ToolContract
 from approvals.models.tenancy import RuntimeKey, Tenant
+from approvals.vocabulary import EFFECT_NOT_SENT
 
 
 class Occurrence(models.Model):
@@ -319,6 +320,3 @@ class Command(models.Model):
     def effect_state(self) -> str:
         """The state in the effect vocabulary of DESIGN.md (``not_sent`` for the outbox)."""
         return EFFECT_NOT_SENT if self.state == self.State.PENDING else self.state
-
-
-EFFECT_NOT_SENT = "not_sent"

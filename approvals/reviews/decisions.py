@@ -14,7 +14,7 @@ from approvals.audit.record import audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.canonical.form import canonicalize
 from approvals.canonical.schema import validate_arguments
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import (
     Approval,
     ApprovalVote,
@@ -61,7 +61,7 @@ def lock_approvals_then_occurrence(occurrence: Occurrence) -> Occurrence:
 def _require_pending(occurrence: Occurrence) -> None:
     if occurrence.status != Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
-            "not_pending",
+            ErrorCode.NOT_PENDING,
             "This request is no longer pending review "
             f"(it is {occurrence.get_status_display().lower()}).",
         )
@@ -89,7 +89,7 @@ def occurrence_approve(
 
         if same_person(occ.requested_by, username, getattr(reviewer, "email", "") or ""):
             raise ServiceError(
-                "self_approval",
+                ErrorCode.SELF_APPROVAL,
                 "You requested this action, so another reviewer must approve it.",
                 403,
             )
@@ -98,13 +98,13 @@ def occurrence_approve(
         if proposal.edited_by_id is not None and proposal.edited_by_id == reviewer.pk:
             # Otherwise one reviewer could rewrite an action and approve it alone.
             raise ServiceError(
-                "self_approval",
+                ErrorCode.SELF_APPROVAL,
                 "You edited this version, so another reviewer must approve it.",
                 403,
             )
         if not hmac.compare_digest(seen_digest.encode(), proposal.action_digest.encode()):
             raise ServiceError(
-                "stale_digest",
+                ErrorCode.STALE_DIGEST,
                 "The action changed after you opened it. Review the new version before approving.",
             )
         _, created = ApprovalVote.objects.get_or_create(
@@ -207,10 +207,14 @@ def proposal_edit(
         occ = lock_approvals_then_occurrence(occurrence)
         require_role(editor, occ.tenant_id, Membership.Role.REVIEWER)
         if occ.status not in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}:
-            raise ServiceError("not_editable", "Only a pending or unclaimed request can be edited.")
+            raise ServiceError(
+                ErrorCode.NOT_EDITABLE, "Only a pending or unclaimed request can be edited."
+            )
         current = occ.proposals.get(is_current=True)
         if not hmac.compare_digest(seen_digest.encode(), current.action_digest.encode()):
-            raise ServiceError("stale_digest", "The action changed while you were editing it.")
+            raise ServiceError(
+                ErrorCode.STALE_DIGEST, "The action changed while you were editing it."
+            )
         validate_arguments(occ.tool.json_schema, arguments)
         action = canonicalize(occ.tool.name, arguments)
         if action.digest == current.action_digest:

@@ -22,7 +22,7 @@ from approvals.audit.record import audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.canonical.form import CanonicalAction, canonicalize
 from approvals.canonical.schema import validate_arguments
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import (
     AuditEvent,
     Epoch,
@@ -174,7 +174,7 @@ def _existing_for_client_ref(
     first = existing.proposals.get(version=1)
     if first.action_digest != digest:
         raise ServiceError(
-            "client_ref_conflict",
+            ErrorCode.CLIENT_REF_CONFLICT,
             "This client_ref was already used in this run for a different action.",
             409,
             details={"occurrence_id": str(existing.pk)},

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
-from approvals.errors import ServiceError
+from approvals.errors import ErrorCode, ServiceError
 from approvals.models import (
     Approval,
     Occurrence,
@@ -30,17 +30,17 @@ def _renew_refusal(occurrence: Occurrence, approval: Approval | None, now: datet
     details: dict[str, Any] = {"status": status}
     if status == Occurrence.Status.REJECTED:
         raise ServiceError(
-            "rejected",
+            ErrorCode.REJECTED,
             f"A reviewer rejected this request: {occurrence.rejection_reason}",
             details={**details, **rejection_details(occurrence)},
         )
     if status == Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
-            "pending_review", "This request is already waiting for review.", details=details
+            ErrorCode.PENDING_REVIEW, "This request is already waiting for review.", details=details
         )
     if status == Occurrence.Status.AUTO_ADMITTED:
         raise ServiceError(
-            "auto_admitted",
+            ErrorCode.AUTO_ADMITTED,
             "This call was admitted by policy; it has no approval.",
             details=details,
         )
@@ -48,13 +48,15 @@ def _renew_refusal(occurrence: Occurrence, approval: Approval | None, now: datet
         approval is not None and approval.state == Approval.State.CONSUMED
     ):
         raise ServiceError(
-            "claimed", "This approval was claimed; it cannot be renewed.", details=details
+            ErrorCode.CLAIMED, "This approval was claimed; it cannot be renewed.", details=details
         )
     if status == Occurrence.Status.REVOKED or (
         approval is not None and approval.state == Approval.State.REVOKED
     ):
         raise ServiceError(
-            "revoked", "An admin revoked this approval; it cannot be renewed.", details=details
+            ErrorCode.REVOKED,
+            "An admin revoked this approval; it cannot be renewed.",
+            details=details,
         )
     expired = approval is not None and (
         approval.state == Approval.State.EXPIRED
@@ -62,7 +64,7 @@ def _renew_refusal(occurrence: Occurrence, approval: Approval | None, now: datet
     )
     if not expired:
         raise ServiceError(
-            "not_expired",
+            ErrorCode.NOT_EXPIRED,
             "This approval has not expired; pick up its token or claim it.",
             details={
                 **details,

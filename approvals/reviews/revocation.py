@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from approvals.access.tenancy import User, require_role, username_of
 from approvals.audit.record import DbNow, audit_record
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import (
     Approval,
     Command,
@@ -91,7 +91,7 @@ def approvals_revoke_by_admin(
     """A bulk revocation from the console: only approvals of tenants where ``admin`` is an
     admin are touched, whatever ``approvals`` holds. Returns the ids revoked."""
     if not admin.is_authenticated:
-        raise ServiceError("forbidden", "Sign in as an admin of the tenant.", 403)
+        raise ServiceError(ErrorCode.FORBIDDEN, "Sign in as an admin of the tenant.", 403)
     admin_of = Membership.objects.filter(user_id=admin.pk, role=Membership.Role.ADMIN).values(
         "tenant_id"
     )

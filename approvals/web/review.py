@@ -19,10 +19,11 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget
 
 from approvals.canonical.parsing import parse_json
-from approvals.errors import InputError, ServiceError
+from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import Membership, Occurrence
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
 from approvals.reviews.revocation import approval_revoke
+from approvals.vocabulary import PanelState
 from approvals.web.forms import (
     ApproveForm,
     EditForm,
@@ -39,7 +40,6 @@ from approvals.web.presenters.review import (
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.selectors.review import (
-    PanelState,
     Reviewed,
     freshness_get,
     occurrence_decision,
@@ -256,9 +256,9 @@ def approve(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
             occurrence=opened.occurrence, reviewer=request.user, seen_digest=seen
         )
     except ServiceError as exc:
-        if exc.code == "stale_digest":
+        if exc.code == ErrorCode.STALE_DIGEST:
             return _stale(request, opened, seen)
-        if exc.code == "forbidden":
+        if exc.code == ErrorCode.FORBIDDEN:
             raise PermissionDenied(exc.message) from exc
         return _decided(request, opened, refusal(exc.code, exc.message), shown_digest=seen)
     if outcome.issued:
@@ -287,7 +287,7 @@ def reject(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         except InputError as exc:
             form.add_error("reason", exc.message)
         except ServiceError as exc:
-            if exc.code == "forbidden":
+            if exc.code == ErrorCode.FORBIDDEN:
                 raise PermissionDenied(exc.message) from exc
             return _decided(request, opened, refusal(exc.code, exc.message))
         else:
@@ -345,10 +345,10 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         errors = input_errors(exc.details, exc.field, exc.message)
         return _render_review(opened, edit_form=form, edit_errors=errors, status=422)
     except ServiceError as exc:
-        if exc.code == "forbidden":
+        if exc.code == ErrorCode.FORBIDDEN:
             raise PermissionDenied(exc.message) from exc
         opened = opened.reload()
-        if exc.code != "stale_digest":
+        if exc.code != ErrorCode.STALE_DIGEST:
             # The edit section is gone once the request is decided: say it in the panel.
             notice = refusal(exc.code, exc.message)
             return _render_review(opened, edit_form=form, notice=notice, status=409)

@@ -22,6 +22,7 @@ from django.utils.timesince import timesince
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
+from approvals.errors import ErrorCode
 from approvals.models import (
     Tenant,
 )
@@ -91,10 +92,10 @@ class Notice:
     text: str
 
 
-def refusal(code: str, message: str) -> Notice:
+def refusal(code: ErrorCode, message: str) -> Notice:
     """A refused decision in the console's words. Losing a race to another reviewer is
     news, not an error: the request was decided, just not by this reviewer."""
-    return Notice("info" if code == "not_pending" else "error", REFUSALS.get(code, message))
+    return Notice("info" if code == ErrorCode.NOT_PENDING else "error", REFUSALS.get(code, message))
 
 
 def duration(seconds: float) -> str:
@@ -161,8 +162,10 @@ def _utc(moment: datetime) -> str:
 
 # Refusals a reviewer can meet, said in the console's words.
 REFUSALS = {
-    "not_pending": "Another decision was recorded first; this is the current state.",
-    "not_editable": "This request can no longer be edited: it is no longer pending or unclaimed.",
+    ErrorCode.NOT_PENDING: "Another decision was recorded first; this is the current state.",
+    ErrorCode.NOT_EDITABLE: (
+        "This request can no longer be edited: it is no longer pending or unclaimed."
+    ),
 }
 
 

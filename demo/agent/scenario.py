@@ -50,11 +50,16 @@ FAULT_MODES = (
 
 
 # Effects that no longer change by themselves.
-State = console_models.Command.State
 
 
 SETTLED = frozenset(
-    {State.COMMITTED, State.REJECTED, State.OUTCOME_UNKNOWN, State.RECONCILED, State.COMPENSATED}
+    {
+        console_models.Command.State.COMMITTED,
+        console_models.Command.State.REJECTED,
+        console_models.Command.State.OUTCOME_UNKNOWN,
+        console_models.Command.State.RECONCILED,
+        console_models.Command.State.COMPENSATED,
+    }
 )
 
 

@@ -15,8 +15,9 @@ from pydantic import StrictStr, StringConstraints
 from approvals.api import openapi
 from approvals.api.base import runtime_key_of
 from approvals.api.errors import AUTH_ERRORS, BODY_ERRORS, ErrorOut
-from approvals.api.schemas import EffectState, ExecutedBy, StrictSchema
+from approvals.api.schemas import StrictSchema
 from approvals.reviews.selectors import parse_uuid
+from approvals.vocabulary import EffectState, ExecutedBy, ReportedOutcomeLiteral
 from reconciliation.effects import command_report_effect
 from reconciliation.epochs import occurrence_epoch_request
 from reconciliation.selectors import commands as command_reads
@@ -86,7 +87,7 @@ _Text = Annotated[StrictStr, StringConstraints(pattern=openapi.NO_NUL)]
 
 class EffectIn(StrictSchema):
     execution_id: _Text = Field(..., min_length=1, max_length=200)
-    outcome: Literal["committed", "rejected", "outcome_unknown", "interrupted"]
+    outcome: ReportedOutcomeLiteral
     receipt: _Text | None = Field(None, max_length=200)
     detail: _Text | None = Field(None, max_length=2000)
     challenges: list[_Text] | None = Field(None, max_length=20)

@@ -19,28 +19,10 @@ from approvals.models import (
     ToolContract,
 )
 from approvals.sql import Columns, fetch, on_postgresql, split, words
+from approvals.vocabulary import QUEUE_REASONS, QueueReason
 from reconciliation.models import (
     Interruption,
 )
-
-
-class Reason:
-    """Why an item is in the queue: what a person must look at."""
-
-    OUTCOME_UNKNOWN = "outcome_unknown"
-    INTERRUPTED = "interrupted"
-    EXPIRED_UNCLAIMED = "expired_unclaimed"
-    STUCK_SENDING = "stuck_sending"
-    STUCK_PENDING = "stuck_pending"
-
-    LABELS = {
-        OUTCOME_UNKNOWN: "Outcome unknown",
-        INTERRUPTED: "Interrupted, waiting for credentials or a decision",
-        EXPIRED_UNCLAIMED: "Approval expired unclaimed",
-        STUCK_SENDING: "Stuck sending",
-        STUCK_PENDING: "Stuck before dispatch",
-    }
-    ORDER = (OUTCOME_UNKNOWN, INTERRUPTED, STUCK_SENDING, STUCK_PENDING, EXPIRED_UNCLAIMED)
 
 
 @dataclass(frozen=True)
@@ -53,7 +35,7 @@ class QueueItem:
 
     @property
     def reason_label(self) -> str:
-        return Reason.LABELS[self.reason]
+        return QueueReason(self.reason).label
 
 
 # How many rows of each reason one page reads: the queue shows the oldest first, and a
@@ -63,12 +45,12 @@ QUEUE_LIMIT = 50
 
 
 # Per reason, the field that says since when its rows need a person.
-_SINCE = {
-    Reason.OUTCOME_UNKNOWN: "updated_at",
-    Reason.INTERRUPTED: "created_at",
-    Reason.STUCK_SENDING: "updated_at",
-    Reason.STUCK_PENDING: "updated_at",
-    Reason.EXPIRED_UNCLAIMED: "expires_at",
+_SINCE: dict[str, str] = {
+    QueueReason.OUTCOME_UNKNOWN: "updated_at",
+    QueueReason.INTERRUPTED: "created_at",
+    QueueReason.STUCK_SENDING: "updated_at",
+    QueueReason.STUCK_PENDING: "updated_at",
+    QueueReason.EXPIRED_UNCLAIMED: "expires_at",
 }
 
 
@@ -98,15 +80,17 @@ def _queue_querysets(
         approvals = approvals.filter(occurrence__tool_id=tool_id)
         interruptions = interruptions.filter(command__occurrence__tool_id=tool_id)
     querysets = {
-        Reason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
-        Reason.INTERRUPTED: interruptions,
-        Reason.STUCK_SENDING: commands.filter(state=Command.State.SENDING, updated_at__lt=stuck),
-        Reason.STUCK_PENDING: commands.filter(
+        QueueReason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
+        QueueReason.INTERRUPTED: interruptions,
+        QueueReason.STUCK_SENDING: commands.filter(
+            state=Command.State.SENDING, updated_at__lt=stuck
+        ),
+        QueueReason.STUCK_PENDING: commands.filter(
             state=Command.State.PENDING,
             executed_by=Command.ExecutedBy.CONSOLE,
             updated_at__lt=stuck,
         ),
-        Reason.EXPIRED_UNCLAIMED: approvals,
+        QueueReason.EXPIRED_UNCLAIMED: approvals,
     }
     return {reason: (queryset, _SINCE[reason]) for reason, queryset in querysets.items()}
 
@@ -124,32 +108,32 @@ _UNCLAIMED = (Approval.State.ISSUED, Approval.State.EXPIRED)
 # are in the text: a partial index (approval_unclaimed_expiry) serves a prepared
 # statement's generic plan only if the statement's text implies its condition.
 _REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
-    Reason.OUTCOME_UNKNOWN: (
+    QueueReason.OUTCOME_UNKNOWN: (
         "approvals_command x",
         f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.OUTCOME_UNKNOWN}'",
         (),
         "x.updated_at",
     ),
-    Reason.INTERRUPTED: (
+    QueueReason.INTERRUPTED: (
         "reconciliation_interruption x JOIN approvals_command c ON c.id = x.command_id",
         "c.tenant_id = ANY(%s) AND x.resolved_at IS NULL",
         (),
         "x.created_at",
     ),
-    Reason.STUCK_SENDING: (
+    QueueReason.STUCK_SENDING: (
         "approvals_command x",
         f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.SENDING}' AND x.updated_at < %s",
         ("stuck",),
         "x.updated_at",
     ),
-    Reason.STUCK_PENDING: (
+    QueueReason.STUCK_PENDING: (
         "approvals_command x",
         f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.PENDING}'"
         f" AND x.executed_by = '{Command.ExecutedBy.CONSOLE}' AND x.updated_at < %s",
         ("stuck",),
         "x.updated_at",
     ),
-    Reason.EXPIRED_UNCLAIMED: (
+    QueueReason.EXPIRED_UNCLAIMED: (
         "approvals_approval x",
         f"x.tenant_id = ANY(%s) AND x.state IN ({words(_UNCLAIMED)})"
         " AND x.expires_at <= %s AND x.superseded_at IS NULL",
@@ -158,12 +142,12 @@ _REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     ),
 }
 # The occurrence a reason's row belongs to, for the tool filter and the items.
-_OCCURRENCE_OF = {
-    Reason.OUTCOME_UNKNOWN: "x.occurrence_id",
-    Reason.INTERRUPTED: "c.occurrence_id",
-    Reason.STUCK_SENDING: "x.occurrence_id",
-    Reason.STUCK_PENDING: "x.occurrence_id",
-    Reason.EXPIRED_UNCLAIMED: "x.occurrence_id",
+_OCCURRENCE_OF: dict[str, str] = {
+    QueueReason.OUTCOME_UNKNOWN: "x.occurrence_id",
+    QueueReason.INTERRUPTED: "c.occurrence_id",
+    QueueReason.STUCK_SENDING: "x.occurrence_id",
+    QueueReason.STUCK_PENDING: "x.occurrence_id",
+    QueueReason.EXPIRED_UNCLAIMED: "x.occurrence_id",
 }
 
 
@@ -179,16 +163,6 @@ def _reason_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, 
     return table, condition, params
 
 
-# The order of the counts' columns and of the items' reads.
-_REASONS = (
-    Reason.OUTCOME_UNKNOWN,
-    Reason.INTERRUPTED,
-    Reason.STUCK_SENDING,
-    Reason.STUCK_PENDING,
-    Reason.EXPIRED_UNCLAIMED,
-)
-
-
 def queue_counts(
     *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
 ) -> dict[str, int]:
@@ -202,22 +176,22 @@ def queue_counts(
         }
     values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
     columns, params = [], []
-    for name in _REASONS:
+    for name in QUEUE_REASONS:
         table, condition, reason_params = _reason_sql(name, tool_id is not None, values)
         columns.append(f"(SELECT COUNT(*) FROM {table} WHERE {condition})")  # noqa: S608
         params += reason_params
     [row] = fetch(f"SELECT {', '.join(columns)}", params)
-    return {reason: int(n) for reason, n in zip(_REASONS, row, strict=True)}
+    return {reason: int(n) for reason, n in zip(QUEUE_REASONS, row, strict=True)}
 
 
 # A queue row shows a tool's name, never its schema or description.
 _TOOL_UNSHOWN = ("json_schema", "description")
-_ROW = {
-    Reason.OUTCOME_UNKNOWN: Columns(Command, "x"),
-    Reason.INTERRUPTED: Columns(Interruption, "x"),
-    Reason.STUCK_SENDING: Columns(Command, "x"),
-    Reason.STUCK_PENDING: Columns(Command, "x"),
-    Reason.EXPIRED_UNCLAIMED: Columns(Approval, "x"),
+_ROW: dict[str, Columns] = {
+    QueueReason.OUTCOME_UNKNOWN: Columns(Command, "x"),
+    QueueReason.INTERRUPTED: Columns(Interruption, "x"),
+    QueueReason.STUCK_SENDING: Columns(Command, "x"),
+    QueueReason.STUCK_PENDING: Columns(Command, "x"),
+    QueueReason.EXPIRED_UNCLAIMED: Columns(Approval, "x"),
 }
 _COMMAND = Columns(Command, "c")
 _OCCURRENCE = Columns(Occurrence, "o")
@@ -229,7 +203,7 @@ def _items_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, l
     """A reason's oldest rows (``LIMIT %s``), each with its occurrence, tool and tenant
     (and, for an interruption, its command)."""
     table, condition, params = _reason_sql(name, by_tool, values)
-    command = f", {_COMMAND.sql}" if name == Reason.INTERRUPTED else ""
+    command = f", {_COMMAND.sql}" if name == QueueReason.INTERRUPTED else ""
     since = _REASON_SQL[name][3]
     sql = f"""SELECT {_ROW[name].sql}{command}, {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql}
                 FROM {table}
@@ -249,7 +223,7 @@ def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
         queryset, since_field = _queue_querysets(
             values["tenant_ids"], values["now"], values["tool"]
         )[name]
-        if name == Reason.INTERRUPTED:
+        if name == QueueReason.INTERRUPTED:
             queryset = queryset.select_related(
                 "command__occurrence__tool", "command__occurrence__tenant"
             ).defer(*(f"command__occurrence__tool__{f}" for f in _TOOL_UNSHOWN))
@@ -261,7 +235,7 @@ def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
     sql, params = _items_sql(name, values["tool"] is not None, values)
     rows = []
     for row in fetch(sql, [*params, limit]):
-        if name == Reason.INTERRUPTED:
+        if name == QueueReason.INTERRUPTED:
             item, command, occurrence, tool, tenant = split(
                 row, _ROW[name], _COMMAND, _OCCURRENCE, _TOOL, _TENANT
             )
@@ -302,11 +276,11 @@ def queue_items(
     limit = QUEUE_LIMIT if limit is None else limit
     values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
     items: list[QueueItem] = []
-    for name in _REASONS:
+    for name in QUEUE_REASONS:
         if (reason and name != reason) or (counts is not None and not counts.get(name)):
             continue
         rows = _items_of(name, values, limit)
-        if name == Reason.INTERRUPTED:
+        if name == QueueReason.INTERRUPTED:
             items += [
                 QueueItem(
                     f"{name}:{row.pk}", name, row.created_at, row.command.occurrence, row.command

@@ -11,7 +11,12 @@ from django.urls import reverse
 
 from approvals.models import Approval, Command, Epoch
 from approvals.reviews.selectors import approval_state
-from approvals.vocabulary import OPERATOR_PREFIX, AuditKind, is_refused_use
+from approvals.vocabulary import (
+    OPERATOR_PREFIX,
+    QUEUE_REASONS,
+    AuditKind,
+    is_refused_use,
+)
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
 from approvals.web.presenters.history import HistoryLink, history_caption, history_links
@@ -19,7 +24,7 @@ from approvals.web.shell import age
 from reconciliation import adapters
 from reconciliation.models import OperatorDecision
 from reconciliation.operator_actions import ALLOWED_FROM
-from reconciliation.selectors.queue import QueueItem, Reason, queue_item_arguments
+from reconciliation.selectors.queue import QueueItem, queue_item_arguments
 from reconciliation.selectors.timeline import Timeline
 
 
@@ -326,4 +331,4 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-REASON_CHOICES = [("", "All reasons")] + [(r, Reason.LABELS[r]) for r in Reason.ORDER]
+REASON_CHOICES = [("", "All reasons")] + [(r.value, r.label) for r in QUEUE_REASONS]

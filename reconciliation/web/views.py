@@ -18,12 +18,13 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.errors import ServiceError
 from approvals.models import Command, Tenant
 from approvals.reviews.selectors import parse_uuid, tool_ids
+from approvals.vocabulary import QUEUE_REASONS, QueueReason
 from approvals.web.jinja import render_rows
 from approvals.web.selectors.access import console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
 from reconciliation import operator_actions as operations
-from reconciliation.selectors.queue import Reason, queue_counts, queue_items
+from reconciliation.selectors.queue import queue_counts, queue_items
 from reconciliation.selectors.timeline import timeline_get
 from reconciliation.web import presenters
 
@@ -46,7 +47,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     tenants, links = _operator(request)
     tools = tool_ids()
     reason = request.GET.get("reason", "")
-    reason = reason if reason in Reason.LABELS else ""
+    reason = reason if reason in QueueReason.values else ""
     tool = request.GET.get("tool", "")
     tool = tool if tool in tools else ""
     now = timezone.now()
@@ -64,7 +65,7 @@ def queue(request: HttpRequest) -> HttpResponse:
         "rows_html": render_rows(
             "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": len(tenants) > 1}
         ),
-        "counts": [(r, Reason.LABELS[r], counts[r]) for r in Reason.ORDER],
+        "counts": [(r, r.label, counts[r]) for r in QUEUE_REASONS],
         "total": total,
         # The queue lists the oldest QUEUE_LIMIT; the rest wait their turn (or a filter).
         "unlisted": max(matching - len(items), 0),

@@ -13,11 +13,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import Approval, AuditEvent, Command, Occurrence
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, QueueReason
 from approvals.web.selectors.review import effect_evidence
 from reconciliation.investigations import reads as investigation_reads
 from reconciliation.investigations.gather import investigation_get
-from reconciliation.selectors.queue import Reason, queue_counts, queue_items
+from reconciliation.selectors.queue import queue_counts, queue_items
 from tests.conftest import Runtime
 
 pytestmark = pytest.mark.skipif(
@@ -79,7 +79,7 @@ def test_the_queues_expired_unclaimed_reads_the_open_approvals_index(
     with CaptureQueriesContext(connection) as queries:
         counts = queue_counts(tenant_ids=[runtime.key.tenant_id], now=now)
         items = queue_items(tenant_ids=[runtime.key.tenant_id], now=now, counts=counts)
-    assert counts[Reason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
+    assert counts[QueueReason.EXPIRED_UNCLAIMED] == 1 and len(items) == 1
     reads = [
         q["sql"]
         for q in queries.captured_queries

@@ -9,10 +9,18 @@ from typing import Any
 import pytest
 
 from approvals import vocabulary
-from approvals.api.schemas import EffectState
 from approvals.claims import claim
-from approvals.claims.claim import Decision
-from approvals.vocabulary import ClaimDecision, ClaimReason, literal_values
+from approvals.models import Command
+from approvals.vocabulary import (
+    EFFECT_NOT_SENT,
+    ClaimDecision,
+    ClaimReason,
+    EffectState,
+    ExecutedBy,
+    ReportedOutcome,
+    ReportedOutcomeLiteral,
+    literal_values,
+)
 from approvals.web.presenters.history import OUTCOME_TEXT, SECURITY_DECISIONS
 from approvals.web.selectors.history import DELIVERED
 from reconciliation.investigations.facts import REFUSALS
@@ -37,7 +45,6 @@ def test_the_schema_lists_exactly_the_decisions(client: Any) -> None:
 
 
 def test_every_surface_names_every_decision() -> None:
-    assert Decision is ClaimDecision
     assert DELIVERED == vocabulary.ADMITTING
     assert REFUSALS == vocabulary.REFUSING
     for decision in vocabulary.REFUSING:
@@ -57,7 +64,10 @@ def test_every_reason_a_claim_can_give_is_in_the_vocabulary() -> None:
 
 def test_the_api_names_every_effect_state() -> None:
     """The API's effect states are the commands' (``pending`` shown as ``not_sent``)."""
-    from approvals.models import EFFECT_NOT_SENT, Command
-
     effect_states = {EFFECT_NOT_SENT} | set(Command.State.values) - {Command.State.PENDING}
     assert set(literal_values(EffectState)) == effect_states
+
+
+def test_the_api_names_every_executor_and_reported_outcome() -> None:
+    assert literal_values(ExecutedBy) == tuple(Command.ExecutedBy.values)
+    assert literal_values(ReportedOutcomeLiteral) == tuple(ReportedOutcome.values)

@@ -17,10 +17,9 @@ import pytest
 from approvals import metrics, vocabulary
 from approvals.access import ratelimit
 from approvals.audit import replay_scan
-from approvals.callbacks.outbox import EVENTS
 from approvals.models import Command
 from approvals.vocabulary import CLAIM_PREFIX, AuditKind, ClaimDecision
-from reconciliation.effects import _STATE_FOR_REPORT, ReportedOutcome
+from reconciliation.effects import _STATE_FOR_REPORT
 from reconciliation.investigations.facts import COMMITTED_KIND, REDELIVERED_KIND
 from reconciliation.models import OperatorDecision
 
@@ -261,7 +260,8 @@ def test_the_builders_make_members_or_refuse() -> None:
 
 
 def test_the_surfaces_name_members() -> None:
-    assert all(isinstance(kind, AuditKind) for kind in EVENTS)
+    assert all(isinstance(kind, AuditKind) for kind in vocabulary.DECISION_WORDS)
+    assert set(vocabulary.REVIEW_DECISION_KINDS) <= set(vocabulary.DECISION_WORDS)
     assert all(isinstance(kind, AuditKind) for kind in metrics._DECISIONS)
     assert all(isinstance(kind, AuditKind) for kind in vocabulary.EFFECT_KINDS)
     assert isinstance(ratelimit.BURST_EVENT, AuditKind)
@@ -377,6 +377,6 @@ def test_stored_event_words_keep_their_values() -> None:
     }
     with pytest.raises(ValueError):
         vocabulary.EventReason.already(Command.State.PENDING)
-    assert {vocabulary.EventReason.reported(outcome) for outcome in ReportedOutcome.ALL} == {
+    assert {vocabulary.EventReason.reported(outcome) for outcome in vocabulary.ReportedOutcome} == {
         reason for reason in vocabulary.EventReason if reason.startswith(vocabulary.REPORTED_PREFIX)
     }

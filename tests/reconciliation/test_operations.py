@@ -22,6 +22,7 @@ from approvals.models import (
     Occurrence,
     ToolContract,
 )
+from approvals.vocabulary import QUEUE_REASONS, QueueReason
 from reconciliation.adapters.payments import PaymentsAdapter
 from reconciliation.dispatch import begin, command_dispatch
 from reconciliation.models import AdapterInvocation, EpochAdmission, OperatorDecision
@@ -29,7 +30,6 @@ from reconciliation.operator_actions import command_accept_ambiguity
 from reconciliation.selectors import queue as queue_selectors
 from reconciliation.selectors import timeline as timeline_selectors
 from reconciliation.selectors.queue import (
-    Reason,
     _queue_querysets,
     queue_counts,
     queue_item_arguments,
@@ -197,16 +197,16 @@ def test_the_queues_counts_are_one_statement_with_each_reasons_own_count(
     }
     assert counts == separately
     assert counts == {
-        Reason.OUTCOME_UNKNOWN: 2,
-        Reason.INTERRUPTED: 1,
-        Reason.STUCK_SENDING: 1,
-        Reason.STUCK_PENDING: 0,
-        Reason.EXPIRED_UNCLAIMED: 1,
+        QueueReason.OUTCOME_UNKNOWN: 2,
+        QueueReason.INTERRUPTED: 1,
+        QueueReason.STUCK_SENDING: 1,
+        QueueReason.STUCK_PENDING: 0,
+        QueueReason.EXPIRED_UNCLAIMED: 1,
     }
     send_message = ToolContract.objects.get(name="send_message").pk
     by_tool = queue_counts(tenant_ids=tenant_ids, now=now, tool_id=send_message)
-    assert by_tool[Reason.OUTCOME_UNKNOWN] == 2
-    assert by_tool[Reason.INTERRUPTED] == 0
+    assert by_tool[QueueReason.OUTCOME_UNKNOWN] == 2
+    assert by_tool[QueueReason.INTERRUPTED] == 0
 
 
 def test_the_queues_sql_reads_answer_as_their_orm_twins(
@@ -238,7 +238,7 @@ def test_the_queues_sql_reads_answer_as_their_orm_twins(
         ]
 
     for tool_id in (None, send_message):
-        for reason in ("", *Reason.ORDER):
+        for reason in ("", *QUEUE_REASONS):
             read = queue_items(tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tool_id)
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(queue_selectors, "on_postgresql", lambda: False)

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from approvals.models import (
+    Approval,
     Occurrence,
 )
 from approvals.reviews.selectors import approval_state
@@ -40,7 +41,7 @@ def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
     approvals = getattr(occurrence, "current_approvals", [])
     if status == Occurrence.Status.APPROVED and approvals:
         approval = approvals[0]
-        if approval_state(approval, now) == "expired":
+        if approval_state(approval, now) == Approval.State.EXPIRED:
             return "expired", "Expired"
         if approval.delivered_at:
             return "delivered", "Token delivered"

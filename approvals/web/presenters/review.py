@@ -25,7 +25,7 @@ from approvals.models import (
     ToolContract,
 )
 from approvals.reviews.selectors import effective_approval_state
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, PanelState
 from approvals.web.jinja import render_rows
 from approvals.web.money import format_money, minor_units, money_lines
 from approvals.web.presenters.history import (
@@ -42,7 +42,6 @@ from approvals.web.selectors.review import (
     DecisionView,
     EffectEvidence,
     Freshness,
-    PanelState,
     ReviewSnapshot,
 )
 from approvals.web.shell import duration, stamp
@@ -56,19 +55,6 @@ from approvals.web.text import (
 )
 
 PANEL_POLL_SECONDS = 2
-
-
-PANEL_LABELS = {
-    PanelState.PENDING: "Pending review",
-    PanelState.AWAITING_QUORUM: "Awaiting quorum",
-    PanelState.ISSUED: "Approved",
-    PanelState.DELIVERED: "Token delivered",
-    PanelState.CONSUMED: "Consumed",
-    PanelState.REJECTED: "Rejected",
-    PanelState.REVOKED: "Revoked",
-    PanelState.EXPIRED: "Expired",
-    PanelState.AUTO_ADMITTED: "Auto-admitted",
-}
 
 
 REPLAY_SAFETY_HELP = {
@@ -330,7 +316,7 @@ def decision_panel(
         approval=approval,
         command=decision.command,
         effect=effect_view(decision.command, snapshot.effect) if decision.command else None,
-        state_label=PANEL_LABELS[decision.state],
+        state_label=PanelState(decision.state).label,
         shown=shown,
         shown_is_current=shown.pk == proposal.pk,
         is_reviewer=viewer.is_reviewer,

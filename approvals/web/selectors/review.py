@@ -37,7 +37,7 @@ from approvals.models import (
 )
 from approvals.reviews.selectors import approval_state
 from approvals.sql import Columns, fetch, on_postgresql, split, words
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, PanelState
 from approvals.web.selectors.access import tenant_reviewer_names
 from approvals.web.selectors.history import (
     NEWEST,
@@ -345,20 +345,6 @@ def _reviewed_of(occurrence: Occurrence | None) -> Reviewed | None:
     )
 
 
-class PanelState:
-    """What the decision panel shows; the values of ``DecisionView.state``."""
-
-    PENDING = "pending"
-    AWAITING_QUORUM = "awaiting_quorum"
-    ISSUED = "issued"
-    DELIVERED = "delivered"
-    CONSUMED = "consumed"
-    REJECTED = "rejected"
-    REVOKED = "revoked"
-    EXPIRED = "expired"
-    AUTO_ADMITTED = "auto_admitted"
-
-
 # An effect an operator can still act on (rejected: a retry; unknown: reconciliation)
 # keeps the panel polling.
 _COMMAND_SETTLED = {Command.State.COMMITTED, Command.State.RECONCILED, Command.State.COMPENSATED}
@@ -368,7 +354,7 @@ _COMMAND_SETTLED = {Command.State.COMMITTED, Command.State.RECONCILED, Command.S
 class DecisionView:
     """The decision state of an occurrence's current version, derived from stored rows."""
 
-    state: str
+    state: PanelState
     proposal: Proposal
     votes: list[ApprovalVote]
     needed: int
