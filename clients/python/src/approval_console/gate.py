@@ -9,7 +9,11 @@ Given an occurrence that left review, :func:`run_decided` (sync) or
    re-delivery), and claimed with the arguments the reviewer approved (an edited version
    is what runs, never the model's first draft);
 3. a runtime-executed command is executed once with its idempotency key and its effect
-   reported; a console-executed one is left to the console;
+   reported; for a console-executed one the gate waits (long-polling, at most
+   ``effect_timeout`` seconds) for the effect the console records and reports that:
+   committed with its receipt, refused with the reason, unknown (an operator decides),
+   interrupted (credentials to renew), or still on its way when the time ran out. Never
+   "approved" alone: the model must not tell the user a refund happened that was declined;
 4. after a crash *after* the claim (the pickup answers ``409 claimed`` naming this
    execution, or the claim ``duplicate_delivery``), the command's recorded effect decides:
    committed means done, nothing runs again; an effect never reported runs again only for
@@ -29,12 +33,14 @@ from typing import Any, Literal
 
 from approval_console import errors
 from approval_console.client import ApprovalConsole, AsyncApprovalConsole
-from approval_console.models import CommandDetail, Occurrence
+from approval_console.models import SETTLED_EFFECTS, CommandDetail, Occurrence
 
 Status = Literal[
     "executed",
     "already_executed",
     "executed_by_console",
+    "executing",
+    "interrupted",
     "rejected",
     "pending",
     "renewed",
@@ -46,6 +52,8 @@ Status = Literal[
 # Contracts whose call may be repeated with the same idempotency key without a second effect.
 REPLAY_SAFE = frozenset({"read_only", "idempotent_with_key"})
 RECEIPT_MAX = 200
+# How long a gate waits for an effect it does not produce itself (the console's adapter).
+DEFAULT_EFFECT_TIMEOUT = 60.0
 
 
 class EffectRejected(Exception):
@@ -101,11 +109,7 @@ def _settled(occurrence: Occurrence, detail: CommandDetail) -> Outcome | None:
         )
 
     if detail.executed_by == "console":
-        return outcome(
-            "executed_by_console",
-            f"Approved; the console executes {tool} "
-            f"(command {command_id}, effect {detail.effect_state}).",
-        )
+        return _by_console(occurrence, detail)
     if detail.effect_state == "not_sent":
         return None
     if detail.effect_state in {"committed", "reconciled"}:
@@ -123,6 +127,118 @@ def _settled(occurrence: Occurrence, detail: CommandDetail) -> Outcome | None:
         f"Whether {tool} took effect is unknown (command {command_id}, "
         f"{detail.effect_state}); an operator will reconcile it. Do not retry it.",
     )
+
+
+def _by_console(occurrence: Occurrence, detail: CommandDetail) -> Outcome:
+    """What the console's own execution of the command came to, in words for the model."""
+    tool, command_id = occurrence.tool, detail.command_id
+    ran = f"{tool} with {dict(occurrence.proposal.arguments)}"
+
+    def outcome(status: Status, message: str, reason: str | None = None) -> Outcome:
+        return Outcome(
+            status,
+            occurrence.occurrence_id,
+            message,
+            command_id=command_id,
+            reason=reason,
+            arguments=occurrence.proposal.arguments,
+            edited_by=occurrence.proposal.edited_by,
+        )
+
+    state = detail.effect_state
+    if state in {"committed", "reconciled"}:
+        receipt = f", receipt {detail.receipt}" if detail.receipt else ""
+        return outcome(
+            "executed_by_console",
+            f"The console executed {ran}: it took effect (command {command_id}{receipt}).",
+        )
+    if state == "rejected" and detail.interrupted:
+        return outcome(
+            "interrupted",
+            f"The console's call of {ran} was refused by the remote service's authentication "
+            f"before it took effect (command {command_id}); the console calls again once an "
+            "admin renews its credentials. Nothing has happened yet. Do not retry it; tell "
+            "the user it is delayed.",
+        )
+    if state == "rejected":
+        why = detail.detail or "no reason given"
+        return outcome(
+            "failed",
+            f"The console called {ran} and the remote service refused it: {_sentence(why)} "
+            f"Nothing took effect (command {command_id}). Tell the user; do not retry it.",
+            reason=why,
+        )
+    if state == "compensated":
+        return outcome(
+            "failed",
+            f"The console executed {ran} and an operator then compensated (undid) it "
+            f"(command {command_id}). Tell the user it did not stand.",
+        )
+    if state == "outcome_unknown":
+        return outcome(
+            "outcome_unknown",
+            f"The console called {ran} and whether it took effect is unknown "
+            f"(command {command_id}); an operator will decide. Do not retry it; tell the "
+            "user it is being checked.",
+        )
+    return outcome(
+        "executing",
+        f"{ran} was approved and the console is executing it (command {command_id}, effect "
+        f"{state}); its outcome is not known yet. Do not retry it and do not tell the user "
+        "it is done.",
+    )
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in one full stop (a reason that ends in one keeps only it)."""
+    text = text.strip().rstrip(".").rstrip()
+    return f"{text}." if text else "no reason given."
+
+
+def _console_effect(
+    client: ApprovalConsole, occurrence: Occurrence, detail: CommandDetail, timeout: float
+) -> CommandDetail:
+    """The console-executed command's detail once its effect is recorded (or at timeout)."""
+    if detail.settled:
+        return detail
+    _wait_settled(client, occurrence.occurrence_id, detail.command_id, timeout)
+    return client.command(detail.command_id)
+
+
+async def _aconsole_effect(
+    client: AsyncApprovalConsole, occurrence: Occurrence, detail: CommandDetail, timeout: float
+) -> CommandDetail:
+    if detail.settled:
+        return detail
+    with contextlib.suppress(errors.WaitTimeout):
+        await client.watch(
+            occurrence.occurrence_id,
+            _settled_command(detail.command_id),
+            timeout=timeout,
+            what="without the command's effect",
+        )
+    return await client.command(detail.command_id)
+
+
+def _settled_command(command_id: str) -> Callable[[Occurrence], bool]:
+    def settled(occurrence: Occurrence) -> bool:
+        return any(
+            c.id == command_id and c.effect_state in SETTLED_EFFECTS for c in occurrence.commands
+        )
+
+    return settled
+
+
+def _wait_settled(
+    client: ApprovalConsole, occurrence_id: str, command_id: str, timeout: float
+) -> None:
+    with contextlib.suppress(errors.WaitTimeout):
+        client.watch(
+            occurrence_id,
+            _settled_command(command_id),
+            timeout=timeout,
+            what="without the command's effect",
+        )
 
 
 def _executed(occurrence: Occurrence, detail: CommandDetail, result: Any) -> Outcome:
@@ -182,8 +298,10 @@ def run_decided(
     execution_id: str,
     execute: Execute,
     renew_expired: bool = True,
+    effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
 ) -> Outcome:
-    """Run ``execute(arguments, idempotency_key)`` for a decided occurrence, at most once."""
+    """Run ``execute(arguments, idempotency_key)`` for a decided occurrence, at most once;
+    for a console-executed tool, wait up to ``effect_timeout`` seconds for its effect."""
     if (early := _not_decided(occurrence)) is not None:
         return early
     if occurrence.status == "auto_admitted":
@@ -220,6 +338,8 @@ def run_decided(
             del token
             command_id, fresh = claim.command_id, not claim.duplicate
     detail = client.command(command_id)
+    if detail.executed_by == "console":
+        return _by_console(occurrence, _console_effect(client, occurrence, detail, effect_timeout))
     if (settled := _settled(occurrence, detail)) is not None:
         return settled
     if not fresh and client.tool(occurrence.tool).replay_safety not in REPLAY_SAFE:
@@ -258,6 +378,7 @@ async def arun_decided(
     execution_id: str,
     execute: AsyncExecute,
     renew_expired: bool = True,
+    effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
 ) -> Outcome:
     """:func:`run_decided` for the async client and an async tool."""
     if (early := _not_decided(occurrence)) is not None:
@@ -295,6 +416,9 @@ async def arun_decided(
             del token
             command_id, fresh = claim.command_id, not claim.duplicate
     detail = await client.command(command_id)
+    if detail.executed_by == "console":
+        detail = await _aconsole_effect(client, occurrence, detail, effect_timeout)
+        return _by_console(occurrence, detail)
     if (settled := _settled(occurrence, detail)) is not None:
         return settled
     if not fresh and (await client.tool(occurrence.tool)).replay_safety not in REPLAY_SAFE:

@@ -32,7 +32,7 @@ from langgraph.types import interrupt
 
 from approval_console.client import ApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import Execute, Outcome, run_decided
+from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, Execute, Outcome, run_decided
 from approval_console.models import Occurrence
 
 ARTIFACT_KEY = "approval_console"
@@ -75,6 +75,7 @@ class GatedTool:
         requested_by: str | None = None,
         attempt: int = 1,
         renew_expired: bool = True,
+        effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     ) -> None:
         self.client = client
         self.tool = tool
@@ -83,6 +84,7 @@ class GatedTool:
         self.requested_by = requested_by
         self.attempt = attempt
         self.renew_expired = renew_expired
+        self.effect_timeout = effect_timeout
 
     @property
     def name(self) -> str:
@@ -141,6 +143,7 @@ class GatedTool:
                 execution_id=execution_id,
                 execute=self.execute,
                 renew_expired=self.renew_expired,
+                effect_timeout=self.effect_timeout,
             )
             if outcome.status in {"pending", "renewed"}:
                 self._pause(self.client.get(proposed.occurrence_id))
@@ -198,9 +201,12 @@ def gated_tool(
     requested_by: str | None = None,
     attempt: int = 1,
     renew_expired: bool = True,
+    effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
 ) -> GatedTool:
     """Gate ``tool``: ``execute(arguments, idempotency_key)`` runs only what a reviewer
-    approved, at most once per approval."""
+    approved, at most once per approval. For a tool the console executes (``execute`` is
+    not called), the node waits up to ``effect_timeout`` seconds for the console's effect
+    and tells the model what it was."""
     return GatedTool(
         client,
         tool,
@@ -209,6 +215,7 @@ def gated_tool(
         requested_by=requested_by,
         attempt=attempt,
         renew_expired=renew_expired,
+        effect_timeout=effect_timeout,
     )
 
 

@@ -44,7 +44,7 @@ from agents.tool_context import ToolContext
 
 from approval_console.client import AsyncApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import AsyncExecute, Outcome, arun_decided
+from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, AsyncExecute, Outcome, arun_decided
 from approval_console.models import Occurrence, Proposed
 
 
@@ -102,12 +102,15 @@ class ConsoleBridge:
         requested_by: str | None = None,
         attempt: int = 1,
         renew_expired: bool = True,
+        effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     ) -> None:
         self.client = client
         self.run_id = run_id
         self.requested_by = requested_by
         self.attempt = attempt
         self.renew_expired = renew_expired
+        # How long a console-executed tool's call waits for the console's effect.
+        self.effect_timeout = effect_timeout
         self._gated: set[str] = set()
         self.outcomes: list[Outcome] = []
 
@@ -168,6 +171,7 @@ class ConsoleBridge:
             execution_id=self.execution_id(call_id),
             execute=execute,
             renew_expired=False,  # the SDK approved it already; renewing is resolve()'s part
+            effect_timeout=self.effect_timeout,
         )
 
     # --- approvals ----------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""What the adapters tell the model is what happened (issue 27, section 1), with the real
+``langgraph``/``langchain-core`` and ``openai-agents`` packages, fake models and a live
+console: a console-executed refund's true effect, a reviewer's edit, a rejected action
+retried, reused tool-call ids, racing resumes and several calls in one message."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from approval_console import ApprovalConsole
+from approval_console.langgraph import GatedTool, gated_tool, tool_node
+from django.db import connection
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command as Resume
+
+from approvals.models import Command
+from reconciliation.dispatch import command_dispatch
+from tests.clients.conftest import approve, audit_kinds
+from tests.demo.sandbox_fixture import SandboxProcess
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+THREAD = {"configurable": {"thread_id": "thread-27"}}
+REFUND = {"payment_id": "pay_123", "amount_minor": 7700, "currency": "EUR", "reason": "Late"}
+
+
+def ai_calls(*calls: tuple[str, str, Mapping[str, Any]]) -> AIMessage:
+    """One model message with these (tool, call id, arguments) calls."""
+    return AIMessage(
+        content="",
+        tool_calls=[{"name": n, "args": dict(a), "id": i} for n, i, a in calls],
+    )
+
+
+def graph(saver: InMemorySaver, replies: Sequence[AIMessage], *gates: GatedTool) -> Any:
+    """An agent process: a fake model answering ``replies`` in order and a tool node."""
+    model = GenericFakeChatModel(messages=iter(replies))
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    def route(state: MessagesState) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tool_node(*gates))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+def paused_on(result: Mapping[str, Any]) -> list[str]:
+    """The occurrence ids the graph's interrupt waits for."""
+    (pause,) = result["__interrupt__"]
+    info = pause.value["approval_console"]
+    return [str(p["occurrence_id"]) for p in info.get("calls", [info])]
+
+
+def tool_messages(result: Mapping[str, Any]) -> list[ToolMessage]:
+    return [m for m in result["messages"] if isinstance(m, ToolMessage)]
+
+
+def _deliver(command_id: str, delay: float) -> None:
+    try:
+        time.sleep(delay)
+        command_dispatch(command_id=command_id)
+    finally:
+        connection.close()
+
+
+class ConsoleWorker(ApprovalConsole):
+    """A client whose claims of console-executed commands are delivered a moment later by
+    "the console's worker" (a thread calling the dispatch service, as the Celery task does),
+    while the gate waits; ``deliver=False`` is a worker that never comes."""
+
+    deliver = True
+    threads: list[threading.Thread]
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = super().claim(*args, **kwargs)
+        if claimed.executed_by == "console" and self.deliver:
+            worker = threading.Thread(target=_deliver, args=(claimed.command_id, 0.5))
+            worker.start()
+            self.threads = [*getattr(self, "threads", []), worker]
+        return claimed
+
+
+MESSAGE = {"to": "customer@example.com", "subject": "Refund", "body": "Refunded."}
+
+
+def noop(arguments: Mapping[str, Any], key: str) -> Any:
+    raise AssertionError("a console-executed tool never runs in the runtime")
+
+
+def console_graph(
+    client: ApprovalConsole,
+    saver: InMemorySaver,
+    replies: Sequence[AIMessage],
+    tool: str = "issue_refund",
+    **options: Any,
+) -> Any:
+    return graph(saver, replies, gated_tool(client, tool, noop, **options))
+
+
+def effects(sandbox: SandboxProcess, tool: str) -> int:
+    return len(sandbox.refunds() if tool == "issue_refund" else sandbox.messages())
+
+
+@pytest.mark.parametrize(
+    ("tool", "fault", "status", "says", "count"),
+    [
+        ("issue_refund", None, "success", ["took effect", "receipt re_"], 1),
+        # The payments API answers queries: the console finds the refund it did not hear of.
+        ("issue_refund", "timeout_after_effect", "success", ["took effect"], 1),
+        ("issue_refund", "declined", "error", ["refused", "Nothing took effect"], 0),
+        ("issue_refund", "unauthorized", "error", ["authentication", "Nothing has happened"], 0),
+        (
+            "send_message",
+            "timeout_after_effect",
+            "error",
+            ["an operator will decide", "not retry"],
+            1,
+        ),
+    ],
+)
+def test_a_console_executed_call_is_reported_as_its_effect(
+    live_server: Any,
+    runtime: Any,
+    reviewer: Any,
+    payments: SandboxProcess,
+    tool: str,
+    fault: str | None,
+    status: str,
+    says: list[str],
+    count: int,
+):
+    """D1: the node waits (long-poll) for the console's effect and tells the model the
+    truth: never "Approved" for a refund the payments service declined."""
+    client = ConsoleWorker(live_server.url, runtime.raw_key, long_poll=True)
+    saver = InMemorySaver()
+    arguments = REFUND if tool == "issue_refund" else MESSAGE
+    replies = [ai_calls((tool, "call_0", arguments)), AIMessage("Told the user.")]
+    app = console_graph(client, saver, replies, tool, effect_timeout=20)
+    started = app.invoke({"messages": [HumanMessage("Refund my parcel.")]}, THREAD)
+    (occurrence_id,) = paused_on(started)
+    approve(occurrence_id, reviewer)
+    payments.fault(fault)
+
+    result = app.invoke(Resume(resume="decided"), THREAD)
+    for worker in client.threads:
+        worker.join()
+    client.close()
+    (answer,) = tool_messages(result)
+    assert answer.status == status
+    for words in says:
+        assert words in answer.text
+    assert "Approved" not in answer.text
+    assert effects(payments, tool) == count
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert command.executed_by == "console"
+
+
+def test_a_console_effect_not_recorded_in_time_is_not_called_done(
+    live_server: Any, runtime: Any, reviewer: Any, payments: SandboxProcess
+):
+    """The wait is bounded: past ``effect_timeout`` the model hears the effect is not
+    known yet, and neither success nor failure."""
+    client = ConsoleWorker(live_server.url, runtime.raw_key, long_poll=True)
+    client.deliver = False
+    saver = InMemorySaver()
+    replies = [ai_calls(("issue_refund", "call_0", REFUND)), AIMessage("Pending.")]
+    app = console_graph(client, saver, replies, effect_timeout=1)
+    (occurrence_id,) = paused_on(app.invoke({"messages": [HumanMessage("Refund.")]}, THREAD))
+    approve(occurrence_id, reviewer)
+
+    began = time.monotonic()
+    result = app.invoke(Resume(resume="decided"), THREAD)
+    client.close()
+    assert time.monotonic() - began < 15
+    (answer,) = tool_messages(result)
+    assert answer.status == "error"
+    assert "not known yet" in answer.text and "do not tell the user it is done" in answer.text
+    assert payments.refunds() == []
+    assert "claim.approved" in audit_kinds(occurrence_id)
