@@ -22,7 +22,7 @@ from langgraph.types import Command as Resume
 
 from approvals.models import Command
 from reconciliation.dispatch import command_dispatch
-from tests.clients.conftest import approve, audit_kinds
+from tests.clients.conftest import approve, audit_kinds, edit
 from tests.demo.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -192,3 +192,29 @@ def test_a_console_effect_not_recorded_in_time_is_not_called_done(
     assert "not known yet" in answer.text and "do not tell the user it is done" in answer.text
     assert payments.refunds() == []
     assert "claim.approved" in audit_kinds(occurrence_id)
+
+
+def test_a_reviewers_edit_of_a_console_executed_refund_is_told_to_the_model(
+    live_server: Any, runtime: Any, reviewer: Any, second_reviewer: Any, payments: SandboxProcess
+):
+    """D2: the reviewer cut the refund from 7,700 to 5,000; the model hears what changed,
+    to what, and that the refund of 50.00 is what took effect, not its 77.00."""
+    client = ConsoleWorker(live_server.url, runtime.raw_key, long_poll=True)
+    saver = InMemorySaver()
+    replies = [ai_calls(("issue_refund", "call_0", REFUND)), AIMessage("Refunded EUR 50.00.")]
+    app = console_graph(client, saver, replies, effect_timeout=20)
+    (occurrence_id,) = paused_on(app.invoke({"messages": [HumanMessage("Refund.")]}, THREAD))
+    edit(occurrence_id, reviewer, {**REFUND, "amount_minor": 5000})
+    approve(occurrence_id, second_reviewer)
+
+    result = app.invoke(Resume(resume="decided"), THREAD)
+    for worker in client.threads:
+        worker.join()
+    client.close()
+    (answer,) = tool_messages(result)
+    assert answer.status == "success" and "took effect" in answer.text
+    assert "A reviewer (rita) changed the arguments" in answer.text
+    assert "amount_minor from 7700 to 5000" in answer.text
+    assert answer.artifact["approval_console"]["edited_by"] == "rita"
+    (refund,) = payments.refunds()
+    assert refund["amount_minor"] == 5000

@@ -27,8 +27,9 @@ The raw token lives only in a local variable between pickup and claim.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from approval_console import errors
@@ -242,18 +243,66 @@ def _wait_settled(
 
 
 def _executed(occurrence: Occurrence, detail: CommandDetail, result: Any) -> Outcome:
-    edited = occurrence.proposal.edited_by
-    note = f" A reviewer ({edited}) edited the arguments; these ran." if edited else ""
     return Outcome(
         "executed",
         occurrence.occurrence_id,
-        f"{occurrence.tool} ran with {dict(occurrence.proposal.arguments)}.{note} "
+        f"{occurrence.tool} ran with {dict(occurrence.proposal.arguments)}. "
         f"Result: {receipt_of(result)}",
         result=result,
         command_id=detail.command_id,
         arguments=occurrence.proposal.arguments,
-        edited_by=edited,
+        edited_by=occurrence.proposal.edited_by,
     )
+
+
+_MISSING = object()
+# Outcomes of a call that was approved (and perhaps edited) before it ran, or was to run.
+_AFTER_APPROVAL = frozenset(
+    {
+        "executed",
+        "already_executed",
+        "executed_by_console",
+        "executing",
+        "interrupted",
+        "outcome_unknown",
+        "failed",
+    }
+)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """``amount_minor from 7700 to 5000; note removed (was "x")``: what an edit changed."""
+    parts = []
+    for key in sorted({*before, *after}):
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if old == new:
+            continue
+        if old is _MISSING:
+            parts.append(f"{key} added as {_show(new)}")
+        elif new is _MISSING:
+            parts.append(f"{key} removed (was {_show(old)})")
+        else:
+            parts.append(f"{key} from {_show(old)} to {_show(new)}")
+    return "; ".join(parts)
+
+
+def with_edit(outcome: Outcome, proposed: Mapping[str, Any] | None) -> Outcome:
+    """The outcome, its message saying so when a reviewer changed the arguments the model
+    proposed (and to what): the model must not report its own draft as what happened."""
+    if not outcome.edited_by or outcome.status not in _AFTER_APPROVAL:
+        return outcome
+    changes = _changes(proposed, outcome.arguments) if proposed is not None else ""
+    what = changes or f"they are now {_show(outcome.arguments)}"
+    note = (
+        f" A reviewer ({outcome.edited_by}) changed the arguments you proposed before "
+        f"approving: {what}. The changed call is the one approved; tell the user what "
+        "actually happened, not what you asked for."
+    )
+    return replace(outcome, message=outcome.message + note)
 
 
 def _unknown_detail(exc: BaseException) -> str:
@@ -299,9 +348,31 @@ def run_decided(
     execute: Execute,
     renew_expired: bool = True,
     effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
+    proposed: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Run ``execute(arguments, idempotency_key)`` for a decided occurrence, at most once;
-    for a console-executed tool, wait up to ``effect_timeout`` seconds for its effect."""
+    for a console-executed tool, wait up to ``effect_timeout`` seconds for its effect.
+    ``proposed``: the arguments the model asked for, to name a reviewer's changes."""
+    outcome = _run_decided(
+        client,
+        occurrence,
+        execution_id=execution_id,
+        execute=execute,
+        renew_expired=renew_expired,
+        effect_timeout=effect_timeout,
+    )
+    return with_edit(outcome, proposed)
+
+
+def _run_decided(
+    client: ApprovalConsole,
+    occurrence: Occurrence,
+    *,
+    execution_id: str,
+    execute: Execute,
+    renew_expired: bool,
+    effect_timeout: float,
+) -> Outcome:
     if (early := _not_decided(occurrence)) is not None:
         return early
     if occurrence.status == "auto_admitted":
@@ -356,7 +427,7 @@ def run_decided(
         client.report_effect(
             command_id, execution_id=execution_id, outcome="rejected", detail=str(exc)[:2000]
         )
-        return Outcome("failed", occurrence.occurrence_id, f"Refused: {exc}", command_id=command_id)
+        return _refused(occurrence, command_id, exc)
     except Exception as exc:
         client.report_effect(
             command_id,
@@ -379,8 +450,29 @@ async def arun_decided(
     execute: AsyncExecute,
     renew_expired: bool = True,
     effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
+    proposed: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """:func:`run_decided` for the async client and an async tool."""
+    outcome = await _arun_decided(
+        client,
+        occurrence,
+        execution_id=execution_id,
+        execute=execute,
+        renew_expired=renew_expired,
+        effect_timeout=effect_timeout,
+    )
+    return with_edit(outcome, proposed)
+
+
+async def _arun_decided(
+    client: AsyncApprovalConsole,
+    occurrence: Occurrence,
+    *,
+    execution_id: str,
+    execute: AsyncExecute,
+    renew_expired: bool,
+    effect_timeout: float,
+) -> Outcome:
     if (early := _not_decided(occurrence)) is not None:
         return early
     if occurrence.status == "auto_admitted":
@@ -435,7 +527,7 @@ async def arun_decided(
         await client.report_effect(
             command_id, execution_id=execution_id, outcome="rejected", detail=str(exc)[:2000]
         )
-        return Outcome("failed", occurrence.occurrence_id, f"Refused: {exc}", command_id=command_id)
+        return _refused(occurrence, command_id, exc)
     except Exception as exc:
         await client.report_effect(
             command_id,
@@ -457,6 +549,20 @@ def _unknown(occurrence: Occurrence, command_id: str | None = None) -> Outcome:
         f"Whether {occurrence.tool} took effect is unknown; an operator will reconcile it. "
         "Do not retry it.",
         command_id=command_id,
+        arguments=occurrence.proposal.arguments,
+        edited_by=occurrence.proposal.edited_by,
+    )
+
+
+def _refused(occurrence: Occurrence, command_id: str, exc: EffectRejected) -> Outcome:
+    return Outcome(
+        "failed",
+        occurrence.occurrence_id,
+        f"{occurrence.tool} was refused before it took effect: {_sentence(str(exc))}",
+        command_id=command_id,
+        reason=str(exc),
+        arguments=occurrence.proposal.arguments,
+        edited_by=occurrence.proposal.edited_by,
     )
 
 

@@ -144,6 +144,7 @@ class GatedTool:
                 execute=self.execute,
                 renew_expired=self.renew_expired,
                 effect_timeout=self.effect_timeout,
+                proposed=arguments,
             )
             if outcome.status in {"pending", "renewed"}:
                 self._pause(self.client.get(proposed.occurrence_id))

@@ -71,6 +71,15 @@ def _arguments(item: ToolApprovalItem) -> dict[str, Any]:
     return parsed
 
 
+def _parsed(raw: str) -> dict[str, Any] | None:
+    """The model's arguments as it sent them (None if they are not a JSON object)."""
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def _function_calls(snapshot: Any) -> Iterator[tuple[str, str]]:
     """(call id, tool name) of every function call in a serialized run state."""
     if isinstance(snapshot, dict):
@@ -131,8 +140,8 @@ class ConsoleBridge:
         (``await execute(approved_arguments, idempotency_key)``)."""
         self._gated.add(name)
 
-        async def invoke(ctx: ToolContext[Any], _model_arguments: str) -> str:
-            outcome = await self._run(name, ctx.tool_call_id, execute)
+        async def invoke(ctx: ToolContext[Any], model_arguments: str) -> str:
+            outcome = await self._run(name, ctx.tool_call_id, execute, model_arguments)
             self.outcomes.append(outcome)
             return outcome.message
 
@@ -159,7 +168,9 @@ class ConsoleBridge:
             params_json_schema=schema,
         )
 
-    async def _run(self, name: str, call_id: str, execute: AsyncExecute) -> Outcome:
+    async def _run(
+        self, name: str, call_id: str, execute: AsyncExecute, model_arguments: str
+    ) -> Outcome:
         occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
         if occurrence is None:
             return Outcome(
@@ -172,6 +183,7 @@ class ConsoleBridge:
             execute=execute,
             renew_expired=False,  # the SDK approved it already; renewing is resolve()'s part
             effect_timeout=self.effect_timeout,
+            proposed=_parsed(model_arguments),
         )
 
     # --- approvals ----------------------------------------------------------------------
