@@ -211,6 +211,7 @@ def test_rejection_is_told_once_and_not_proposed_again(console: ApprovalConsole,
     assert "The customer is still waiting for a refund." in first.text
     assert second.status == "error" and "already rejected" in second.text
     assert "The customer is still waiting for a refund." in second.text
+    assert ".." not in first.text and ".." not in second.text  # the reason's own stop, once
     assert Occurrence.objects.count() == 1  # no second proposal reached the inbox
     assert effects.calls == []
     assert result["messages"][-1].text == "I will not."

@@ -88,7 +88,7 @@ def _rejected(occurrence: Occurrence, reason: str) -> Outcome:
     return Outcome(
         "rejected",
         occurrence.occurrence_id,
-        f"A reviewer rejected this call ({occurrence.tool}): {reason}. "
+        f"A reviewer rejected this call ({occurrence.tool}): {sentence(reason)} "
         "Do not retry it; tell the user.",
         reason=reason,
         arguments=occurrence.proposal.arguments,
@@ -165,7 +165,7 @@ def _by_console(occurrence: Occurrence, detail: CommandDetail) -> Outcome:
         why = detail.detail or "no reason given"
         return outcome(
             "failed",
-            f"The console called {ran} and the remote service refused it: {_sentence(why)} "
+            f"The console called {ran} and the remote service refused it: {sentence(why)} "
             f"Nothing took effect (command {command_id}). Tell the user; do not retry it.",
             reason=why,
         )
@@ -190,8 +190,9 @@ def _by_console(occurrence: Occurrence, detail: CommandDetail) -> Outcome:
     )
 
 
-def _sentence(text: str) -> str:
-    """``text`` ending in one full stop (a reason that ends in one keeps only it)."""
+def sentence(text: str) -> str:
+    """``text`` ending in one full stop: a reason that ends in its own keeps only that
+    (the model read "a refund.." before)."""
     text = text.strip().rstrip(".").rstrip()
     return f"{text}." if text else "no reason given."
 
@@ -558,7 +559,7 @@ def _refused(occurrence: Occurrence, command_id: str, exc: EffectRejected) -> Ou
     return Outcome(
         "failed",
         occurrence.occurrence_id,
-        f"{occurrence.tool} was refused before it took effect: {_sentence(str(exc))}",
+        f"{occurrence.tool} was refused before it took effect: {sentence(str(exc))}",
         command_id=command_id,
         reason=str(exc),
         arguments=occurrence.proposal.arguments,

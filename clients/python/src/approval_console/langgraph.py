@@ -32,7 +32,7 @@ from langgraph.types import interrupt
 
 from approval_console.client import ApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, Execute, Outcome, run_decided
+from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, Execute, Outcome, run_decided, sentence
 from approval_console.models import Occurrence
 
 ARTIFACT_KEY = "approval_console"
@@ -104,7 +104,8 @@ class GatedTool:
                         "rejected",
                         "",
                         f"This exact call was already rejected in this conversation: "
-                        f"{rejected[digest]}. It was not proposed again; do not retry it.",
+                        f"{sentence(rejected[digest])} It was not proposed again; do not retry "
+                        "it.",
                         reason=rejected[digest],
                     ),
                     proposed_digest=digest,
@@ -125,8 +126,8 @@ class GatedTool:
                 Outcome(
                     "rejected",
                     proposed.occurrence_id,
-                    f"This exact call was rejected before in this run: {prior[0].reason}. "
-                    "Do not retry it.",
+                    f"This exact call was rejected before in this run: "
+                    f"{sentence(prior[0].reason)} Do not retry it.",
                     reason=prior[0].reason,
                 ),
                 proposed_digest=proposed.proposal.action_digest,

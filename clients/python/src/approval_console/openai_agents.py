@@ -44,7 +44,13 @@ from agents.tool_context import ToolContext
 
 from approval_console.client import AsyncApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, AsyncExecute, Outcome, arun_decided
+from approval_console.gate import (
+    DEFAULT_EFFECT_TIMEOUT,
+    AsyncExecute,
+    Outcome,
+    arun_decided,
+    sentence,
+)
 from approval_console.models import Occurrence, Proposed
 
 
@@ -94,7 +100,7 @@ def _function_calls(snapshot: Any) -> Iterator[tuple[str, str]]:
 
 def _repeat_message(reason: str) -> str:
     return (
-        f"This exact call was already rejected in this conversation: {reason}. "
+        f"This exact call was already rejected in this conversation: {sentence(reason)} "
         "It was not proposed again; do not retry it, tell the user."
     )
 
@@ -247,7 +253,7 @@ class ConsoleBridge:
                 reason = occurrence.rejection_reason or "rejected"
                 state.reject(
                     item,
-                    rejection_message=f"A reviewer rejected this call: {reason}. "
+                    rejection_message=f"A reviewer rejected this call: {sentence(reason)} "
                     "Do not retry it; tell the user.",
                 )
                 resolution.rejected[call_id] = reason
