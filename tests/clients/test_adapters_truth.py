@@ -20,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command as Resume
 
-from approvals.models import Command
+from approvals.models import Command, Occurrence
 from reconciliation.dispatch import command_dispatch
 from tests.clients.conftest import approve, audit_kinds, edit
 from tests.demo.sandbox_fixture import SandboxProcess
@@ -218,3 +218,50 @@ def test_a_reviewers_edit_of_a_console_executed_refund_is_told_to_the_model(
     assert answer.artifact["approval_console"]["edited_by"] == "rita"
     (refund,) = payments.refunds()
     assert refund["amount_minor"] == 5000
+
+
+class Effects:
+    """The CRM close_case closes cases in: every real call is recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, arguments: Mapping[str, Any], idempotency_key: str) -> str:
+        self.calls.append(dict(arguments))
+        return f"{arguments['case_id']} closed"
+
+
+def case(case_id: str) -> dict[str, str]:
+    return {"case_id": case_id}
+
+
+def test_a_tool_call_id_reused_in_a_later_turn_for_another_action_is_a_new_request(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D6: the model says ``call_0`` again in the next turn, for another case. That is a
+    new request (client_ref from call id and action digest), not a ClientRefConflict that
+    crashes the graph; each case is closed once."""
+    client = ApprovalConsole(live_server.url, runtime.raw_key)
+    saver, crm = InMemorySaver(), Effects()
+    replies = [
+        ai_calls(("close_case", "call_0", case("case_77"))),
+        AIMessage("Closed 77."),
+        ai_calls(("close_case", "call_0", case("case_78"))),
+        AIMessage("Closed 78."),
+    ]
+    app = graph(saver, replies, gated_tool(client, "close_case", crm))
+    (first,) = paused_on(app.invoke({"messages": [HumanMessage("Close 77.")]}, THREAD))
+    approve(first, reviewer)
+    assert app.invoke(Resume(resume="decided"), THREAD)["messages"][-1].text == "Closed 77."
+
+    (second,) = paused_on(app.invoke({"messages": [HumanMessage("And 78.")]}, THREAD))
+    assert second != first
+    approve(second, reviewer)
+    result = app.invoke(Resume(resume="decided"), THREAD)
+    client.close()
+    assert result["messages"][-1].text == "Closed 78."
+    assert [m.status for m in tool_messages(result)] == ["success", "success"]
+    assert crm.calls == [case("case_77"), case("case_78")]
+    refs = set(Occurrence.objects.values_list("client_ref", flat=True))
+    assert len(refs) == 2 and all("call_0" in ref for ref in refs)
+    assert Command.objects.filter(state=Command.State.COMMITTED).count() == 2

@@ -10,10 +10,11 @@
     graph.add_node("tools", tool_node(close_case))   # with a checkpointer, and a thread_id
 
 For each tool call the gate proposes the call with ``run_id`` = the thread id and a
-``client_ref`` from the tool-call id (re-running the node proposes nothing new), pauses the
+``client_ref`` from the tool-call id and the action's digest (re-running the node proposes
+nothing new; a model reusing ``call_0`` for another action makes a new request), pauses the
 graph with ``interrupt()`` while a person reviews, and after ``Command(resume=...)`` (any
 value: the console's decision is what counts) picks up the token for an execution id
-derived from thread, tool call and attempt (so a restarted process gets the token again),
+derived from thread, tool call, action and attempt (so a restarted process gets the token again),
 claims what the reviewer approved, runs the tool once and reports its effect. Nothing in
 the checkpointer holds a token: the interrupt's value and the ``ToolMessage``'s artifact
 name the occurrence only. A rejection becomes a ``ToolMessage`` with the reason; a later
@@ -94,28 +95,27 @@ class GatedTool:
         thread_id = _thread_id()
         call_id = str(call["id"])
         arguments: Mapping[str, Any] = call["args"]
+        digest = self.client.canonicalize(self.tool, arguments).action_digest
         rejected = _rejections(messages, self.tool)
-        if rejected:
-            digest = self.client.canonicalize(self.tool, arguments).action_digest
-            if digest in rejected:
-                return self._message(
-                    call,
-                    Outcome(
-                        "rejected",
-                        "",
-                        f"This exact call was already rejected in this conversation: "
-                        f"{sentence(rejected[digest])} It was not proposed again; do not retry "
-                        "it.",
-                        reason=rejected[digest],
-                    ),
-                    proposed_digest=digest,
-                )
+        if rejected and digest in rejected:
+            return self._message(
+                call,
+                Outcome(
+                    "rejected",
+                    "",
+                    f"This exact call was already rejected in this conversation: "
+                    f"{sentence(rejected[digest])} It was not proposed again; do not retry "
+                    "it.",
+                    reason=rejected[digest],
+                ),
+                proposed_digest=digest,
+            )
         proposed = self.client.propose(
             self.tool,
             arguments,
             run_id=thread_id,
             reason=self.reason(call),
-            client_ref=client_ref_for(call_id),
+            client_ref=client_ref_for(call_id, action_digest=digest),
             requested_by=self.requested_by,
         )
         prior = [p for p in proposed.prior_decisions if p.decision == "rejected"]
@@ -132,7 +132,9 @@ class GatedTool:
                 ),
                 proposed_digest=proposed.proposal.action_digest,
             )
-        execution_id = execution_id_for(thread_id, call_id, self.attempt, prefix="lg")
+        execution_id = execution_id_for(
+            thread_id, call_id, self.attempt, prefix="lg", action_digest=digest
+        )
         while True:
             occurrence = self.client.get(proposed.occurrence_id)
             if occurrence.pending:
@@ -150,9 +152,7 @@ class GatedTool:
             if outcome.status in {"pending", "renewed"}:
                 self._pause(self.client.get(proposed.occurrence_id))
                 continue
-            rejected_digest: str | None = None
-            if outcome.status == "rejected":
-                rejected_digest = self.client.canonicalize(self.tool, arguments).action_digest
+            rejected_digest = digest if outcome.status == "rejected" else None
             return self._message(call, outcome, proposed_digest=rejected_digest)
 
     def _pause(self, occurrence: Occurrence) -> None:

@@ -86,11 +86,12 @@ def _parsed(raw: str) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _function_calls(snapshot: Any) -> Iterator[tuple[str, str]]:
-    """(call id, tool name) of every function call in a serialized run state."""
+def _function_calls(snapshot: Any) -> Iterator[tuple[str, tuple[str, str]]]:
+    """(call id, (tool name, arguments)) of every function call in a serialized run state."""
     if isinstance(snapshot, dict):
         if snapshot.get("type") == "function_call" and isinstance(snapshot.get("call_id"), str):
-            yield snapshot["call_id"], str(snapshot.get("name") or "")
+            call = (str(snapshot.get("name") or ""), str(snapshot.get("arguments") or "{}"))
+            yield snapshot["call_id"], call
         for value in snapshot.values():
             yield from _function_calls(value)
     elif isinstance(snapshot, list):
@@ -129,8 +130,20 @@ class ConsoleBridge:
         self._gated: set[str] = set()
         self.outcomes: list[Outcome] = []
 
-    def execution_id(self, call_id: str) -> str:
-        return execution_id_for(self.run_id, call_id, self.attempt, prefix="oa")
+    def execution_id(self, call_id: str, action_digest: str | None = None) -> str:
+        return execution_id_for(
+            self.run_id, call_id, self.attempt, prefix="oa", action_digest=action_digest
+        )
+
+    async def _digest(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """The digest of the action the model proposed (the client_ref and execution id
+        carry it: a model reusing a call id for another action makes a new request)."""
+        return (await self.client.canonicalize(name, arguments)).action_digest
+
+    async def _ref(self, item: ToolApprovalItem) -> str:
+        assert item.name is not None and item.call_id is not None
+        digest = await self._digest(item.name, _arguments(item))
+        return client_ref_for(item.call_id, action_digest=digest)
 
     # --- tools --------------------------------------------------------------------------
 
@@ -177,7 +190,10 @@ class ConsoleBridge:
     async def _run(
         self, name: str, call_id: str, execute: AsyncExecute, model_arguments: str
     ) -> Outcome:
-        occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+        proposed = _parsed(model_arguments)
+        digest = await self._digest(name, proposed or {})
+        ref = client_ref_for(call_id, action_digest=digest)
+        occurrence = await self.client.lookup(self.run_id, ref)
         if occurrence is None:
             return Outcome(
                 "refused", "", f"{name} was not proposed to the approval console; not run."
@@ -185,11 +201,11 @@ class ConsoleBridge:
         return await arun_decided(
             self.client,
             occurrence,
-            execution_id=self.execution_id(call_id),
+            execution_id=self.execution_id(call_id, digest),
             execute=execute,
             renew_expired=False,  # the SDK approved it already; renewing is resolve()'s part
             effect_timeout=self.effect_timeout,
-            proposed=_parsed(model_arguments),
+            proposed=proposed,
         )
 
     # --- approvals ----------------------------------------------------------------------
@@ -213,7 +229,7 @@ class ConsoleBridge:
             _arguments(item),
             run_id=self.run_id,
             reason=reason or f"The agent called {item.name}.",
-            client_ref=client_ref_for(item.call_id),
+            client_ref=await self._ref(item),
             requested_by=self.requested_by,
         )
 
@@ -225,7 +241,7 @@ class ConsoleBridge:
         rejected: dict[str, str] | None = None
         for item in self._gated_items(state.get_interruptions()):
             call_id = str(item.call_id)
-            occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+            occurrence = await self.client.lookup(self.run_id, await self._ref(item))
             if occurrence is None:
                 if rejected is None:
                     rejected = await self._rejected_digests(state, exclude=call_id)
@@ -269,10 +285,12 @@ class ConsoleBridge:
         except Exception:  # a context the SDK cannot serialize: no history to compare
             return {}
         found: dict[str, str] = {}
-        for call_id, name in dict(_function_calls(snapshot)).items():
+        for call_id, (name, raw) in dict(_function_calls(snapshot)).items():
             if call_id == exclude or name not in self._gated:
                 continue
-            earlier = await self.client.lookup(self.run_id, client_ref_for(call_id))
+            digest = await self._digest(name, _parsed(raw) or {})
+            ref = client_ref_for(call_id, action_digest=digest)
+            earlier = await self.client.lookup(self.run_id, ref)
             if earlier is not None and earlier.status == "rejected":
                 found[earlier.proposal.action_digest] = earlier.rejection_reason
         return found
