@@ -22,7 +22,7 @@ from langgraph.types import Command as Resume
 
 from approvals.models import Command, Occurrence
 from reconciliation.dispatch import command_dispatch
-from tests.clients.conftest import approve, audit_kinds, edit
+from tests.clients.conftest import approve, audit_kinds, edit, reject
 from tests.demo.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -265,3 +265,28 @@ def test_a_tool_call_id_reused_in_a_later_turn_for_another_action_is_a_new_reque
     refs = set(Occurrence.objects.values_list("client_ref", flat=True))
     assert len(refs) == 2 and all("call_0" in ref for ref in refs)
     assert Command.objects.filter(state=Command.State.COMMITTED).count() == 2
+
+
+def test_after_a_lost_checkpoint_a_rejected_action_is_answered_without_a_proposal(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D4: the thread's checkpoint is gone, the model asks again for the action a reviewer
+    rejected. The gate asks the console for the thread's prior decisions before proposing:
+    it answers with the earlier reason and leaves no orphan request in the inbox."""
+    client, crm = ApprovalConsole(live_server.url, runtime.raw_key), Effects()
+    replies = [ai_calls(("close_case", "call_0", case("case_77"))), AIMessage("Not closed.")]
+    app = graph(InMemorySaver(), replies, gated_tool(client, "close_case", crm))
+    (first,) = paused_on(app.invoke({"messages": [HumanMessage("Close 77.")]}, THREAD))
+    reject(first, reviewer, "Case 77 has an open refund.")
+    app.invoke(Resume(resume="decided"), THREAD)
+
+    lost = [ai_calls(("close_case", "call_1", case("case_77"))), AIMessage("It stays open.")]
+    again = graph(InMemorySaver(), lost, gated_tool(client, "close_case", crm))
+    result = again.invoke({"messages": [HumanMessage("Close 77, please.")]}, THREAD)
+    client.close()
+    assert "__interrupt__" not in result
+    (answer,) = tool_messages(result)
+    assert answer.status == "error" and "already rejected" in answer.text
+    assert "Case 77 has an open refund." in answer.text and ".." not in answer.text
+    assert Occurrence.objects.count() == 1  # nothing proposed that nobody would decide
+    assert crm.calls == []

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from agents import set_tracing_disabled
-from agents.testing import assistant_message
+from agents import Runner, set_tracing_disabled
+from agents.testing import assistant_message, function_call
 
 from approvals.models import Command, Occurrence
-from tests.clients.conftest import approve, edit
-from tests.clients.test_openai_agents import Effects, first_phase, resume
+from tests.clients.conftest import CASE_ARGS, approve, edit, reject, run_async
+from tests.clients.test_openai_agents import Effects, Process, first_phase, resume
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,3 +51,38 @@ def test_the_reviewers_edit_is_told_to_the_model(
     assert [arguments for arguments, _ in effects.calls] == [{"case_id": "case_78"}]
     assert Command.objects.get(occurrence_id=occurrence_id).state == Command.State.COMMITTED
     assert Occurrence.objects.count() == 1
+
+
+def test_a_rejected_action_retried_in_a_new_run_state_is_not_proposed_again(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D3: the run's saved state is gone; under the same run id the model asks again for
+    the action a reviewer rejected. submit() proposes nothing (the inbox keeps one
+    request) and resolve() rejects it with the earlier reason."""
+    url, key, effects = live_server.url, runtime.raw_key, Effects()
+    _, occurrence_id = first_phase(url, key, effects)
+    reject(occurrence_id, reviewer, "Case 77 has an open refund.")
+
+    async def run() -> tuple[list[Any], dict[str, str], Any, Any, Process]:
+        replies = [
+            [function_call("close_case", CASE_ARGS, call_id="call_5")],
+            [assistant_message("I did not close it.")],
+        ]
+        process = Process(url, key, replies, effects)
+        agent = await process.agent()
+        result = await Runner.run(agent, "Close case 77.")
+        proposed = await process.bridge.submit(result.interruptions)
+        state = result.to_state()
+        resolution = await process.bridge.resolve(state)
+        result = await Runner.run(agent, state)
+        await process.client.aclose()
+        return proposed, process.bridge.refused, resolution, result, process
+
+    proposed, refused, resolution, result, process = run_async(run())
+    assert proposed == [] and refused == {"call_5": "Case 77 has an open refund."}
+    assert resolution.rejected == {"call_5": "Case 77 has an open refund."} and resolution.ready
+    assert result.final_output == "I did not close it."
+    (output,) = tool_outputs(process)
+    assert "already rejected" in output and "Case 77 has an open refund." in output
+    assert Occurrence.objects.count() == 1
+    assert effects.calls == [] and not Command.objects.exists()

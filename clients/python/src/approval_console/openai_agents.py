@@ -35,7 +35,7 @@ stores holds a token; the run state holds only the SDK's own items.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,19 +86,6 @@ def _parsed(raw: str) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _function_calls(snapshot: Any) -> Iterator[tuple[str, tuple[str, str]]]:
-    """(call id, (tool name, arguments)) of every function call in a serialized run state."""
-    if isinstance(snapshot, dict):
-        if snapshot.get("type") == "function_call" and isinstance(snapshot.get("call_id"), str):
-            call = (str(snapshot.get("name") or ""), str(snapshot.get("arguments") or "{}"))
-            yield snapshot["call_id"], call
-        for value in snapshot.values():
-            yield from _function_calls(value)
-    elif isinstance(snapshot, list):
-        for value in snapshot:
-            yield from _function_calls(value)
-
-
 def _repeat_message(reason: str) -> str:
     return (
         f"This exact call was already rejected in this conversation: {sentence(reason)} "
@@ -129,6 +116,9 @@ class ConsoleBridge:
         self.effect_timeout = effect_timeout
         self._gated: set[str] = set()
         self.outcomes: list[Outcome] = []
+        # Interruptions submit() did not propose: repeats of a rejected action (call id ->
+        # the earlier reason).
+        self.refused: dict[str, str] = {}
 
     def execution_id(self, call_id: str, action_digest: str | None = None) -> str:
         return execution_id_for(
@@ -216,48 +206,53 @@ class ConsoleBridge:
     async def submit(
         self, interruptions: Sequence[ToolApprovalItem], *, reason: str | None = None
     ) -> list[Proposed]:
-        """Propose each gated interruption (again: the same occurrence, nothing new)."""
+        """Propose each gated interruption (again: the same occurrence, nothing new). One
+        that repeats an action this run's reviewers rejected is not proposed: it is in
+        :attr:`refused` (call id -> the earlier reason), and :meth:`resolve` rejects it."""
         proposed = []
         for item in self._gated_items(interruptions):
-            proposed.append(await self._propose(item, reason))
+            answer = await self._propose(item, reason)
+            if isinstance(answer, str):
+                self.refused[str(item.call_id)] = answer
+            else:
+                proposed.append(answer)
         return proposed
 
-    async def _propose(self, item: ToolApprovalItem, reason: str | None) -> Proposed:
+    async def _propose(self, item: ToolApprovalItem, reason: str | None) -> Proposed | str:
+        """The proposal, or the reason this run's reviewers rejected the same action
+        before (then nothing is proposed: no second review, no request nobody decides)."""
         assert item.name is not None and item.call_id is not None
+        arguments = _arguments(item)
+        canonical = await self.client.canonicalize(item.name, arguments, run_id=self.run_id)
+        ref = client_ref_for(item.call_id, action_digest=canonical.action_digest)
+        prior = [p for p in canonical.prior_decisions if p.decision == "rejected"]
+        if prior and await self.client.lookup(self.run_id, ref) is None:
+            return prior[0].reason
         return await self.client.propose(
             item.name,
-            _arguments(item),
+            arguments,
             run_id=self.run_id,
             reason=reason or f"The agent called {item.name}.",
-            client_ref=await self._ref(item),
+            client_ref=ref,
             requested_by=self.requested_by,
         )
 
     async def resolve(self, state: RunState[Any, Any]) -> Resolution:
         """Apply the console's decisions to the state's interruptions. An interruption not
-        proposed yet is proposed, unless it repeats a call of this run that a reviewer
-        rejected: that one is rejected at once with the earlier reason (no second review)."""
+        proposed yet is proposed, unless it repeats an action of this run (this state or an
+        earlier one under the same run id) that a reviewer rejected: that one is rejected
+        at once with the earlier reason (no second review)."""
         resolution = Resolution()
-        rejected: dict[str, str] | None = None
         for item in self._gated_items(state.get_interruptions()):
             call_id = str(item.call_id)
             occurrence = await self.client.lookup(self.run_id, await self._ref(item))
             if occurrence is None:
-                if rejected is None:
-                    rejected = await self._rejected_digests(state, exclude=call_id)
-                repeat = await self._repeat_reason(item, rejected)
-                if repeat is not None:
-                    state.reject(item, rejection_message=_repeat_message(repeat))
-                    resolution.rejected[call_id] = repeat
-                    continue
-                proposed = await self._propose(item, None)
-                resolution.occurrences[call_id] = proposed.occurrence_id
-                prior = [p for p in proposed.prior_decisions if p.decision == "rejected"]
-                if prior and proposed.status == "pending_review":
-                    # The state lost the earlier call; the console remembers its rejection.
-                    state.reject(item, rejection_message=_repeat_message(prior[0].reason))
-                    resolution.rejected[call_id] = prior[0].reason
+                answer = await self._propose(item, None)
+                if isinstance(answer, str):
+                    state.reject(item, rejection_message=_repeat_message(answer))
+                    resolution.rejected[call_id] = answer
                 else:
+                    resolution.occurrences[call_id] = answer.occurrence_id
                     resolution.pending.append(call_id)
                 continue
             resolution.occurrences[call_id] = occurrence.occurrence_id
@@ -276,32 +271,6 @@ class ConsoleBridge:
             else:
                 resolution.pending.append(call_id)
         return resolution
-
-    async def _rejected_digests(self, state: RunState[Any, Any], *, exclude: str) -> dict[str, str]:
-        """Digest -> reason of the run's earlier calls (found in the state) of gated tools
-        that the console rejected."""
-        try:
-            snapshot = state.to_json()
-        except Exception:  # a context the SDK cannot serialize: no history to compare
-            return {}
-        found: dict[str, str] = {}
-        for call_id, (name, raw) in dict(_function_calls(snapshot)).items():
-            if call_id == exclude or name not in self._gated:
-                continue
-            digest = await self._digest(name, _parsed(raw) or {})
-            ref = client_ref_for(call_id, action_digest=digest)
-            earlier = await self.client.lookup(self.run_id, ref)
-            if earlier is not None and earlier.status == "rejected":
-                found[earlier.proposal.action_digest] = earlier.rejection_reason
-        return found
-
-    async def _repeat_reason(
-        self, item: ToolApprovalItem, rejected: Mapping[str, str]
-    ) -> str | None:
-        if not rejected or item.name is None:
-            return None
-        digest = (await self.client.canonicalize(item.name, _arguments(item))).action_digest
-        return rejected.get(digest)
 
     async def _decision(self, occurrence: Occurrence) -> str:
         """approved, rejected or pending (an expired approval is renewed: pending again)."""
