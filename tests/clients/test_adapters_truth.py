@@ -5,9 +5,10 @@ retried, reused tool-call ids, racing resumes and several calls in one message."
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -290,3 +291,146 @@ def test_after_a_lost_checkpoint_a_rejected_action_is_answered_without_a_proposa
     assert "Case 77 has an open refund." in answer.text and ".." not in answer.text
     assert Occurrence.objects.count() == 1  # nothing proposed that nobody would decide
     assert crm.calls == []
+
+
+class Blocking(Effects):
+    """A CRM call that holds until released: the winner is still running the tool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, arguments: Mapping[str, Any], idempotency_key: str) -> str:
+        self.running.set()
+        assert self.release.wait(30)
+        return super().__call__(arguments, idempotency_key)
+
+
+class Watched(ApprovalConsole):
+    """A client that tells when it starts waiting and counts its effect reports."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting, self.reports = threading.Event(), 0
+        self.hold_claim: tuple[threading.Event, threading.Event] | None = None
+
+    def watch(self, *args: Any, **kwargs: Any) -> Any:
+        self.waiting.set()
+        return super().watch(*args, **kwargs)
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hold_claim is not None:
+            picked, go = self.hold_claim
+            picked.set()
+            assert go.wait(30)
+        return super().claim(*args, **kwargs)
+
+    def report_effect(self, *args: Any, **kwargs: Any) -> Any:
+        self.reports += 1
+        return super().report_effect(*args, **kwargs)
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(target())
+        except BaseException as exc:  # the test asserts on it
+            out.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def paused_thread(client: ApprovalConsole, crm: Effects) -> tuple[InMemorySaver, str]:
+    saver = InMemorySaver()
+    replies = [ai_calls(("close_case", "call_0", case("case_77")))]
+    app = graph(saver, replies, gated_tool(client, "close_case", crm))
+    (occurrence_id,) = paused_on(app.invoke({"messages": [HumanMessage("Close 77.")]}, THREAD))
+    return saver, occurrence_id
+
+
+def resumer(client: ApprovalConsole, saver: InMemorySaver, crm: Effects) -> Callable[[], Any]:
+    """A process resuming the paused thread from its own copy of the checkpoint."""
+    app = graph(
+        copy.deepcopy(saver),
+        [AIMessage("Done.")],
+        gated_tool(client, "close_case", crm, effect_timeout=20),
+    )
+    return lambda: app.invoke(Resume(resume="decided"), THREAD)
+
+
+def only_answer(out: list[Any]) -> ToolMessage:
+    (result,) = out
+    assert not isinstance(result, BaseException), result
+    (answer,) = tool_messages(result)
+    return answer
+
+
+def test_a_second_process_resuming_the_same_execution_waits_for_the_first(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D5: two processes resume the same thread. The winner claimed and is still running
+    the tool when the loser finds the claim: the loser waits for the winner's effect and
+    tells the model that, instead of reporting outcome_unknown under the winner."""
+    url, key = live_server.url, runtime.raw_key
+    crm = Blocking()
+    first, second = Watched(url, key, long_poll=True), Watched(url, key, long_poll=True)
+    saver, occurrence_id = paused_thread(first, crm)
+    approve(occurrence_id, reviewer)
+
+    winner, won = in_thread(resumer(first, saver, crm))
+    assert crm.running.wait(30)
+    loser, lost = in_thread(resumer(second, saver, crm))
+    assert second.waiting.wait(30)
+    crm.release.set()
+    winner.join(60)
+    loser.join(60)
+    first.close()
+    second.close()
+
+    assert only_answer(won).status == "success"
+    late = only_answer(lost)
+    assert late.status == "success" and "already executed" in late.text
+    assert crm.calls == [case("case_77")]
+    assert (first.reports, second.reports) == (1, 0)
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert command.state == Command.State.COMMITTED
+    assert not [k for k in audit_kinds(occurrence_id) if "unknown" in k]
+
+
+def test_a_process_whose_token_was_picked_up_again_waits_instead_of_raising_replayed(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D5: the first process picked the token up; before it claimed, a second process of
+    the same execution picked it up again (voiding the first one's) and ran the tool. The
+    first's claim is refused as replayed: it waits for the second's outcome and reports it,
+    no uncaught Replayed, no second effect, no report of its own."""
+    url, key = live_server.url, runtime.raw_key
+    crm = Effects()
+    first, second = Watched(url, key, long_poll=True), Watched(url, key, long_poll=True)
+    saver, occurrence_id = paused_thread(first, crm)
+    approve(occurrence_id, reviewer)
+    picked, go = threading.Event(), threading.Event()
+    first.hold_claim = (picked, go)
+
+    slow, slow_out = in_thread(resumer(first, saver, crm))
+    assert picked.wait(30)
+    fast, fast_out = in_thread(resumer(second, saver, crm))
+    fast.join(60)
+    go.set()
+    slow.join(60)
+    first.close()
+    second.close()
+
+    assert only_answer(fast_out).status == "success"
+    late = only_answer(slow_out)
+    assert late.status == "success" and "already executed" in late.text
+    assert crm.calls == [case("case_77")]
+    assert (first.reports, second.reports) == (0, 1)
+    kinds = audit_kinds(occurrence_id)
+    assert kinds.count("claim.approved") == 1 and kinds.count("token.redelivered") == 1

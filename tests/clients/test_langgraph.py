@@ -66,7 +66,10 @@ def graph(
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", tool_node(gated_tool(console, "close_case", execute)))
+    # A process finding this execution's claim without an effect waits this long for the
+    # process that claimed before taking it for dead (the crash tests' restarts).
+    gate = gated_tool(console, "close_case", execute, effect_timeout=1)
+    builder.add_node("tools", tool_node(gate))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route, ["tools", END])
     builder.add_edge("tools", "agent")

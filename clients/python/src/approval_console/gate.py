@@ -14,11 +14,15 @@ Given an occurrence that left review, :func:`run_decided` (sync) or
    committed with its receipt, refused with the reason, unknown (an operator decides),
    interrupted (credentials to renew), or still on its way when the time ran out. Never
    "approved" alone: the model must not tell the user a refund happened that was declined;
-4. after a crash *after* the claim (the pickup answers ``409 claimed`` naming this
-   execution, or the claim ``duplicate_delivery``), the command's recorded effect decides:
-   committed means done, nothing runs again; an effect never reported runs again only for
+4. when the claim was made before for this execution (the pickup answers ``409 claimed``
+   naming it, or the claim ``duplicate_delivery``), another process resuming the same
+   execution may be running the tool right now: the gate waits up to ``effect_timeout``
+   for the effect it reports, and tells the model that. Only if none comes is the claimer
+   taken for dead (a crash after the claim): an effect never reported runs again only for
    a contract whose replay is safe (``read_only``, ``idempotent_with_key``), otherwise it is
-   reported ``outcome_unknown`` for an operator;
+   reported ``outcome_unknown`` for an operator. A claim refused as ``replayed`` (the other
+   process picked the token up again, or claimed first) waits for that process's outcome
+   the same way and reports nothing;
 5. an approval that expired unclaimed is renewed (sent back to review) when allowed.
 
 The raw token lives only in a local variable between pickup and claim.
@@ -401,17 +405,29 @@ def _run_decided(
             )
         else:
             occurrence = client.get(occurrence.occurrence_id)
-            claim = client.claim(
-                token,
-                tool=occurrence.tool,
-                arguments=occurrence.proposal.arguments,
-                execution_id=execution_id,
-            )
-            del token
+            try:
+                claim = client.claim(
+                    token,
+                    tool=occurrence.tool,
+                    arguments=occurrence.proposal.arguments,
+                    execution_id=execution_id,
+                )
+            except errors.Replayed:
+                # Another process resuming this same execution picked the token up again
+                # (voiding this one) or claimed first: its outcome is this call's.
+                return _sibling(client, occurrence, execution_id, effect_timeout)
+            finally:
+                del token
             command_id, fresh = claim.command_id, not claim.duplicate
     detail = client.command(command_id)
     if detail.executed_by == "console":
         return _by_console(occurrence, _console_effect(client, occurrence, detail, effect_timeout))
+    if not fresh and not detail.settled:
+        # Claimed by this execution before: another process resuming it may be running the
+        # tool right now. Its report is the outcome; only when none comes in time is the
+        # claimer taken for dead (a crash after the claim) and recovered below.
+        _wait_settled(client, occurrence.occurrence_id, command_id, effect_timeout)
+        detail = client.command(command_id)
     if (settled := _settled(occurrence, detail)) is not None:
         return settled
     if not fresh and client.tool(occurrence.tool).replay_safety not in REPLAY_SAFE:
@@ -500,18 +516,32 @@ async def _arun_decided(
             )
         else:
             occurrence = await client.get(occurrence.occurrence_id)
-            claim = await client.claim(
-                token,
-                tool=occurrence.tool,
-                arguments=occurrence.proposal.arguments,
-                execution_id=execution_id,
-            )
-            del token
+            try:
+                claim = await client.claim(
+                    token,
+                    tool=occurrence.tool,
+                    arguments=occurrence.proposal.arguments,
+                    execution_id=execution_id,
+                )
+            except errors.Replayed:
+                return await _asibling(client, occurrence, execution_id, effect_timeout)
+            finally:
+                del token
             command_id, fresh = claim.command_id, not claim.duplicate
     detail = await client.command(command_id)
     if detail.executed_by == "console":
         detail = await _aconsole_effect(client, occurrence, detail, effect_timeout)
         return _by_console(occurrence, detail)
+    if not fresh and not detail.settled:
+        # See run_decided: another process of this execution may be running the tool.
+        with contextlib.suppress(errors.WaitTimeout):
+            await client.watch(
+                occurrence.occurrence_id,
+                _settled_command(command_id),
+                timeout=effect_timeout,
+                what="without the command's effect",
+            )
+        detail = await client.command(command_id)
     if (settled := _settled(occurrence, detail)) is not None:
         return settled
     if not fresh and (await client.tool(occurrence.tool)).replay_safety not in REPLAY_SAFE:
@@ -565,6 +595,79 @@ def _refused(occurrence: Occurrence, command_id: str, exc: EffectRejected) -> Ou
         arguments=occurrence.proposal.arguments,
         edited_by=occurrence.proposal.edited_by,
     )
+
+
+def _sibling_done(execution_id: str) -> Callable[[Occurrence], bool]:
+    """This execution's command has its effect, or another execution consumed the approval."""
+
+    def done(occurrence: Occurrence) -> bool:
+        approval = occurrence.approval
+        if approval is not None and approval.consumed_by_execution not in (None, execution_id):
+            return True
+        return any(
+            c.execution_id == execution_id and c.effect_state in SETTLED_EFFECTS
+            for c in occurrence.commands
+        )
+
+    return done
+
+
+def _sibling_outcome(
+    occurrence: Occurrence, current: Occurrence | None, detail: CommandDetail | None
+) -> Outcome:
+    """What the process that won this execution's claim reported (never reported here)."""
+    if current is None or detail is None:
+        return Outcome(
+            "executing",
+            occurrence.occurrence_id,
+            f"Another process of this run is executing {occurrence.tool} for this call; its "
+            "outcome is not known yet. Do not retry it and do not tell the user it is done.",
+            arguments=occurrence.proposal.arguments,
+            edited_by=occurrence.proposal.edited_by,
+        )
+    if detail.executed_by == "console":
+        return _by_console(current, detail)
+    return _settled(current, detail) or _unknown(current, detail.command_id)
+
+
+def _sibling(
+    client: ApprovalConsole, occurrence: Occurrence, execution_id: str, timeout: float
+) -> Outcome:
+    """Wait (at most ``timeout``) for the outcome of the process that claimed for this
+    execution; run nothing and report nothing here."""
+    try:
+        current = client.watch(
+            occurrence.occurrence_id,
+            _sibling_done(execution_id),
+            timeout=timeout,
+            what="without this execution's effect",
+        )
+    except errors.WaitTimeout:
+        return _sibling_outcome(occurrence, None, None)
+    command_id = _ours(current, execution_id)
+    if command_id is None:
+        other = current.approval.consumed_by_execution if current.approval else None
+        return _claimed_by_other(current, other)
+    return _sibling_outcome(occurrence, current, client.command(command_id))
+
+
+async def _asibling(
+    client: AsyncApprovalConsole, occurrence: Occurrence, execution_id: str, timeout: float
+) -> Outcome:
+    try:
+        current = await client.watch(
+            occurrence.occurrence_id,
+            _sibling_done(execution_id),
+            timeout=timeout,
+            what="without this execution's effect",
+        )
+    except errors.WaitTimeout:
+        return _sibling_outcome(occurrence, None, None)
+    command_id = _ours(current, execution_id)
+    if command_id is None:
+        other = current.approval.consumed_by_execution if current.approval else None
+        return _claimed_by_other(current, other)
+    return _sibling_outcome(occurrence, current, await client.command(command_id))
 
 
 def _claimed_by_other(occurrence: Occurrence, execution_id: str | None) -> Outcome:
