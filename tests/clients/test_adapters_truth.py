@@ -434,3 +434,35 @@ def test_a_process_whose_token_was_picked_up_again_waits_instead_of_raising_repl
     assert (first.reports, second.reports) == (0, 1)
     kinds = audit_kinds(occurrence_id)
     assert kinds.count("claim.approved") == 1 and kinds.count("token.redelivered") == 1
+
+
+def test_the_calls_of_one_model_message_are_proposed_at_once_and_awaited_together(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D7: two calls in one message reach the inbox together under one pause (not one
+    review round after the other); nothing runs until both are decided, then both run."""
+    client, crm = ApprovalConsole(live_server.url, runtime.raw_key), Effects()
+    replies = [
+        ai_calls(
+            ("close_case", "call_0", case("case_77")), ("close_case", "call_1", case("case_78"))
+        ),
+        AIMessage("Both closed."),
+    ]
+    app = graph(InMemorySaver(), replies, gated_tool(client, "close_case", crm))
+    both = paused_on(app.invoke({"messages": [HumanMessage("Close 77 and 78.")]}, THREAD))
+    assert len(both) == 2
+    statuses = Occurrence.objects.filter(pk__in=both).values_list("status", flat=True)
+    assert sorted(statuses) == ["pending_review", "pending_review"]
+
+    approve(both[0], reviewer)
+    assert paused_on(app.invoke(Resume(resume="one"), THREAD)) == [both[1]]
+    assert crm.calls == []  # the decided one waits for the other
+
+    approve(both[1], reviewer)
+    result = app.invoke(Resume(resume="both"), THREAD)
+    client.close()
+    assert "__interrupt__" not in result and result["messages"][-1].text == "Both closed."
+    assert [m.status for m in tool_messages(result)] == ["success", "success"]
+    assert [m.tool_call_id for m in tool_messages(result)] == ["call_0", "call_1"]
+    assert crm.calls == [case("case_77"), case("case_78")]
+    assert Occurrence.objects.count() == 2

@@ -4,11 +4,12 @@ process sharing only the saved ``RunState``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from agents import Runner, set_tracing_disabled
+from agents import Runner, RunState, set_tracing_disabled
 from agents.testing import assistant_message, function_call
 
 from approvals.models import Command, Occurrence
@@ -86,3 +87,45 @@ def test_a_rejected_action_retried_in_a_new_run_state_is_not_proposed_again(
     assert "already rejected" in output and "Case 77 has an open refund." in output
     assert Occurrence.objects.count() == 1
     assert effects.calls == [] and not Command.objects.exists()
+
+
+def test_two_calls_of_one_response_are_proposed_together_and_waited_for_together(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D7: both interruptions of one model response are in the inbox before any review,
+    and ``wait`` returns once both are decided; then each runs once."""
+    url, key, effects = live_server.url, runtime.raw_key, Effects()
+
+    async def propose() -> tuple[dict[str, Any], list[str]]:
+        replies = [
+            [
+                function_call("close_case", {"case_id": "case_77"}, call_id="call_0"),
+                function_call("close_case", {"case_id": "case_78"}, call_id="call_1"),
+            ]
+        ]
+        process = Process(url, key, replies, effects)
+        result = await Runner.run(await process.agent(), "Close 77 and 78.")
+        proposed = await process.bridge.submit(result.interruptions)
+        saved = json.loads(json.dumps(result.to_state().to_json()))
+        await process.client.aclose()
+        return saved, [p.occurrence_id for p in proposed]
+
+    async def resume_when_decided(saved: dict[str, Any]) -> tuple[Any, Any]:
+        process = Process(url, key, [[assistant_message("Both closed.")]], effects)
+        agent = await process.agent()
+        state = await RunState.from_json(agent, saved)
+        resolution = await process.bridge.wait(state, timeout=30)
+        result = await Runner.run(agent, state)
+        await process.client.aclose()
+        return resolution, result
+
+    saved, both = run_async(propose())
+    assert len(both) == 2
+    assert Occurrence.objects.filter(status="pending_review").count() == 2
+    for occurrence_id in both:
+        approve(occurrence_id, reviewer)
+    resolution, result = run_async(resume_when_decided(saved))
+    assert sorted(resolution.approved) == ["call_0", "call_1"] and resolution.ready
+    assert result.final_output == "Both closed."
+    assert sorted(a["case_id"] for a, _ in effects.calls) == ["case_77", "case_78"]
+    assert Command.objects.filter(state=Command.State.COMMITTED).count() == 2

@@ -34,6 +34,7 @@ stores holds a token; the run state holds only the SDK's own items.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -289,8 +290,13 @@ class ConsoleBridge:
         return "pending"
 
     async def wait(self, state: RunState[Any, Any], *, timeout: float = 900.0) -> Resolution:
-        """Wait for each pending interruption's review, then :meth:`resolve`."""
+        """Wait for every pending interruption's review (together, not one after the
+        other), then :meth:`resolve`."""
         resolution = await self.resolve(state)
-        for call_id in resolution.pending:
-            await self.client.wait(resolution.occurrences[call_id], timeout=timeout)
+        await asyncio.gather(
+            *(
+                self.client.wait(resolution.occurrences[call_id], timeout=timeout)
+                for call_id in resolution.pending
+            )
+        )
         return await self.resolve(state) if resolution.pending else resolution
