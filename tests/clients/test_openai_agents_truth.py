@@ -5,16 +5,23 @@ process sharing only the saved ``RunState``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from agents import Runner, RunState, set_tracing_disabled
-from agents.testing import assistant_message, function_call
+from agents import Agent, Runner, RunState, set_tracing_disabled
+from agents.testing import ScriptedModel, assistant_message, function_call
+from approval_console import AsyncApprovalConsole
+from approval_console.openai_agents import ConsoleBridge
+from django.db import connection
 
 from approvals.models import Command, Occurrence
+from reconciliation.dispatch import command_dispatch
 from tests.clients.conftest import CASE_ARGS, approve, edit, reject, run_async
 from tests.clients.test_openai_agents import Effects, Process, first_phase, resume
+from tests.demo.sandbox_fixture import SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,3 +136,86 @@ def test_two_calls_of_one_response_are_proposed_together_and_waited_for_together
     assert result.final_output == "Both closed."
     assert sorted(a["case_id"] for a, _ in effects.calls) == ["case_77", "case_78"]
     assert Command.objects.filter(state=Command.State.COMMITTED).count() == 2
+
+
+REFUND = {"payment_id": "pay_123", "amount_minor": 7700, "currency": "EUR", "reason": "Late"}
+
+
+class DeliveringConsole(AsyncApprovalConsole):
+    """A client whose console-executed claims the console's worker delivers a moment later
+    (a thread calling the dispatch service, as the Celery task does)."""
+
+    workers: list[threading.Thread] = []
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = await super().claim(*args, **kwargs)
+        if claimed.executed_by == "console":
+            worker = threading.Thread(target=_deliver, args=(claimed.command_id,))
+            worker.start()
+            self.workers.append(worker)
+        return claimed
+
+
+def _deliver(command_id: str) -> None:
+    try:
+        time.sleep(0.5)
+        command_dispatch(command_id=command_id)
+    finally:
+        connection.close()
+
+
+async def never_runs(arguments: Mapping[str, Any], key: str) -> str:
+    raise AssertionError("a console-executed tool never runs in the runtime")
+
+
+def test_a_declined_console_refund_is_no_success_to_the_model(
+    live_server: Any, runtime: Any, reviewer: Any, payments: SandboxProcess
+):
+    """D1 through the bridge: the payments service declines the approved refund; the
+    model reads that it was refused and nothing took effect, not "Approved"."""
+    url, key = live_server.url, runtime.raw_key
+
+    async def propose() -> tuple[dict[str, Any], str]:
+        client = AsyncApprovalConsole(url, key)
+        bridge = ConsoleBridge(client, "conversation-27")
+        tool = await bridge.tool_from_contract("issue_refund", never_runs)
+        model = ScriptedModel([[function_call("issue_refund", REFUND, call_id="call_0")]])
+        agent = Agent(name="support", instructions="Help.", model=model, tools=[tool])
+        result = await Runner.run(agent, "Refund my parcel.")
+        (proposed,) = await bridge.submit(result.interruptions)
+        saved = json.loads(json.dumps(result.to_state().to_json()))
+        await client.aclose()
+        return saved, proposed.occurrence_id
+
+    async def resume(saved: dict[str, Any]) -> tuple[Any, ConsoleBridge, ScriptedModel]:
+        client = DeliveringConsole(url, key, long_poll=True)
+        bridge = ConsoleBridge(client, "conversation-27", effect_timeout=20)
+        tool = await bridge.tool_from_contract("issue_refund", never_runs)
+        model = ScriptedModel([[assistant_message("It was declined.")]])
+        agent = Agent(name="support", instructions="Help.", model=model, tools=[tool])
+        state = await RunState.from_json(agent, saved)
+        assert (await bridge.resolve(state)).ready
+        result = await Runner.run(agent, state)
+        await client.aclose()
+        return result, bridge, model
+
+    saved, occurrence_id = run_async(propose())
+    approve(occurrence_id, reviewer)
+    payments.fault("declined")
+    result, bridge, model = run_async(resume(saved))
+    for worker in DeliveringConsole.workers:
+        worker.join()
+    assert result.final_output == "It was declined."
+    (outcome,) = bridge.outcomes
+    assert outcome.status == "failed" and not outcome.ok
+    last_call = model.last_call
+    assert last_call is not None
+    (output,) = [
+        str(item["output"])
+        for item in last_call.input
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    assert "refused" in output and "Nothing took effect" in output
+    assert "Approved" not in output
+    assert payments.refunds() == []
+    assert Command.objects.get(occurrence_id=occurrence_id).state == Command.State.REJECTED
