@@ -17,6 +17,7 @@ from django.utils import timezone
 from approvals.models import Approval, AuditEvent, Command, Occurrence
 from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from tests.conftest import Runtime, approve
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 
 CASE_ARGS: dict[str, Any] = {"case_id": "case_77"}
 
@@ -81,6 +82,26 @@ def async_console_factory(live_server: Any, runtime: Runtime) -> Callable[[], As
         return None
 
     return lambda: AsyncApprovalConsole(live_server.url, runtime.raw_key, sleep=no_sleep)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    """One sandbox payments service per test module, emptied before each test using it."""
+    with start_sandbox(tmp_path_factory.mktemp("sandbox")) as process:
+        yield process
+
+
+@pytest.fixture
+def payments(sandbox: SandboxProcess, settings: Any) -> SandboxProcess:
+    """The console's adapters call the sandbox (a call unanswered in 1 s is unknown), so
+    console-executed refunds and messages have real effects to count."""
+    sandbox.reset()
+    settings.PAYMENTS_URL = sandbox.url
+    settings.PAYMENTS_API_KEY = sandbox.api_key
+    settings.MESSAGES_WEBHOOK_URL = f"{sandbox.url}/v1/messages"
+    settings.MESSAGES_WEBHOOK_SECRET = sandbox.webhook_secret
+    settings.ADAPTER_READ_TIMEOUT = 1.0
+    return sandbox
 
 
 def reject(occurrence_id: str, reviewer: Any, reason: str) -> None:

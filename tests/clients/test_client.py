@@ -32,7 +32,7 @@ from tests.clients.conftest import (
     reject,
     run_async,
 )
-from tests.conftest import Runtime, make_runtime
+from tests.conftest import REFUND_ARGS, Runtime, make_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,6 +154,23 @@ def test_refusals_are_typed(console: ApprovalConsole, reviewer: Any, live_server
         pytest.raises(errors.Unauthenticated),
     ):
         stranger.tools()
+
+
+def test_an_effect_report_for_a_console_executed_command_has_its_own_type(
+    console: ApprovalConsole, reviewer: Any
+):
+    """``409 executed_by_console`` is no generic Conflict: the runtime learns that the
+    console records this command's effect, and that it should wait for it instead."""
+    proposed = console.propose("issue_refund", REFUND_ARGS, run_id="run-1", reason="Late.")
+    approve(proposed.occurrence_id, reviewer)
+    token = console.pickup(proposed.occurrence_id, "exec-a")
+    claim = console.claim(token, tool="issue_refund", arguments=REFUND_ARGS, execution_id="exec-a")
+    assert claim.executed_by == "console"
+    with pytest.raises(errors.ExecutedByConsole) as refused:
+        console.report_effect(claim.command_id, execution_id="exec-a", outcome="committed")
+    assert refused.value.status == 409 and refused.value.code == "executed_by_console"
+    assert isinstance(refused.value, errors.Conflict)
+    assert Command.objects.get(pk=claim.command_id).state == Command.State.PENDING
 
 
 def test_renew_after_expiry(console: ApprovalConsole, reviewer: Any, second_reviewer: Any):

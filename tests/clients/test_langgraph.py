@@ -66,7 +66,10 @@ def graph(
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", tool_node(gated_tool(console, "close_case", execute)))
+    # A process finding this execution's claim without an effect waits this long for the
+    # process that claimed before taking it for dead (the crash tests' restarts).
+    gate = gated_tool(console, "close_case", execute, effect_timeout=1)
+    builder.add_node("tools", tool_node(gate))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route, ["tools", END])
     builder.add_edge("tools", "agent")
@@ -211,6 +214,7 @@ def test_rejection_is_told_once_and_not_proposed_again(console: ApprovalConsole,
     assert "The customer is still waiting for a refund." in first.text
     assert second.status == "error" and "already rejected" in second.text
     assert "The customer is still waiting for a refund." in second.text
+    assert ".." not in first.text and ".." not in second.text  # the reason's own stop, once
     assert Occurrence.objects.count() == 1  # no second proposal reached the inbox
     assert effects.calls == []
     assert result["messages"][-1].text == "I will not."

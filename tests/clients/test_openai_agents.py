@@ -216,6 +216,7 @@ def test_rejection_reaches_the_model_and_a_retry_is_not_proposed_again(
     assert len(outputs) == 2
     assert all("Case 77 has an open refund." in output for output in outputs)
     assert "already rejected" in outputs[1]
+    assert not any(".." in output for output in outputs)  # the reason's own stop, once
     assert effects.calls == [] and process.bridge.outcomes == []
     assert Occurrence.objects.count() == 1  # the retry never reached the inbox
     assert not Command.objects.exists()

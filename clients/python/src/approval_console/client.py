@@ -74,6 +74,11 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
+def _poll_seconds(remaining: float) -> float:
+    """A long-poll's ``?wait=``: whole seconds, at least 1, at most the server's limit."""
+    return max(1.0, min(LONG_POLL_MAX_SECONDS, remaining))
+
+
 @dataclass(frozen=True)
 class _Request(Generic[T]):
     """One API call: what to send and how to read a success."""
@@ -313,12 +318,17 @@ class _Base:
         )
 
     @staticmethod
-    def _canonicalize(tool: str, arguments: Mapping[str, Any]) -> _Request[CanonicalAction]:
+    def _canonicalize(
+        tool: str, arguments: Mapping[str, Any], run_id: str | None
+    ) -> _Request[CanonicalAction]:
+        body: dict[str, Any] = {"tool": tool, "arguments": dict(arguments)}
+        if run_id is not None:
+            body["run_id"] = run_id
         return _Request(
             "POST",
             "/actions/canonicalize",
             lambda r: CanonicalAction.from_json(r.json()),
-            body={"tool": tool, "arguments": dict(arguments)},
+            body=body,
             send_body=True,
             idempotent=True,
         )
@@ -448,20 +458,38 @@ class ApprovalConsole(_Base):
     ) -> Occurrence:
         """Ask until the occurrence leaves ``while_status`` (a review decided); raises
         :class:`~approval_console.errors.WaitTimeout` after ``timeout`` seconds."""
+        return self.watch(
+            occurrence_id,
+            lambda o: o.status != while_status,
+            timeout=timeout,
+            what=f"still {while_status}",
+        )
+
+    def watch(
+        self,
+        occurrence_id: str,
+        until: Callable[[Occurrence], bool],
+        *,
+        timeout: float,
+        what: str = "unchanged",
+    ) -> Occurrence:
+        """Read the occurrence (long-polling with ``long_poll``) until ``until(occurrence)``
+        holds, and return it; raises :class:`~approval_console.errors.WaitTimeout` after
+        ``timeout`` seconds. A command's effect changes the occurrence too."""
         deadline = time.monotonic() + timeout
         etag: str | None = None
         while True:
             remaining = deadline - time.monotonic()
             # The first ask is a plain read: a long-poll waits for a change from the state
-            # its If-None-Match names, so it needs the ETag of the state seen as pending.
-            wait = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
+            # its If-None-Match names, so it needs the ETag of the state seen last.
+            wait = _poll_seconds(remaining) if self.long_poll else None
             answer, etag = self._call(self._tagged_get(occurrence_id, etag, wait if etag else None))
-            if answer is not None and answer.status != while_status:
+            if answer is not None and until(answer):
                 return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.WaitTimeout(
-                    f"occurrence {occurrence_id} is still {while_status} after {timeout:g} s"
+                    f"occurrence {occurrence_id} is {what} after {timeout:g} s"
                 )
             if not self.long_poll:
                 self._sleep(min(self.poll_interval, remaining))
@@ -522,8 +550,12 @@ class ApprovalConsole(_Base):
     def tool(self, name: str) -> ToolContract:
         return self._call(self._tool(name))
 
-    def canonicalize(self, tool: str, arguments: Mapping[str, Any]) -> CanonicalAction:
-        return self._call(self._canonicalize(tool, arguments))
+    def canonicalize(
+        self, tool: str, arguments: Mapping[str, Any], *, run_id: str | None = None
+    ) -> CanonicalAction:
+        """The action's canonical form and digest; with ``run_id`` also that run's earlier
+        rejections of the same action (``prior_decisions``). Writes nothing."""
+        return self._call(self._canonicalize(tool, arguments, run_id))
 
 
 async def _async_sleep(seconds: float) -> None:
@@ -610,20 +642,36 @@ class AsyncApprovalConsole(_Base):
     async def wait(
         self, occurrence_id: str, *, timeout: float = 900.0, while_status: str = PENDING
     ) -> Occurrence:
+        return await self.watch(
+            occurrence_id,
+            lambda o: o.status != while_status,
+            timeout=timeout,
+            what=f"still {while_status}",
+        )
+
+    async def watch(
+        self,
+        occurrence_id: str,
+        until: Callable[[Occurrence], bool],
+        *,
+        timeout: float,
+        what: str = "unchanged",
+    ) -> Occurrence:
+        """See :meth:`ApprovalConsole.watch`."""
         deadline = time.monotonic() + timeout
         etag: str | None = None
         while True:
             remaining = deadline - time.monotonic()
-            # The first ask is a plain read (see ApprovalConsole.wait).
-            wait = max(1.0, min(LONG_POLL_MAX_SECONDS, remaining)) if self.long_poll else None
+            # The first ask is a plain read (see ApprovalConsole.watch).
+            wait = _poll_seconds(remaining) if self.long_poll else None
             request = self._tagged_get(occurrence_id, etag, wait if etag else None)
             answer, etag = await self._call(request)
-            if answer is not None and answer.status != while_status:
+            if answer is not None and until(answer):
                 return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.WaitTimeout(
-                    f"occurrence {occurrence_id} is still {while_status} after {timeout:g} s"
+                    f"occurrence {occurrence_id} is {what} after {timeout:g} s"
                 )
             if not self.long_poll:
                 await self._sleep(min(self.poll_interval, remaining))
@@ -683,5 +731,7 @@ class AsyncApprovalConsole(_Base):
     async def tool(self, name: str) -> ToolContract:
         return await self._call(self._tool(name))
 
-    async def canonicalize(self, tool: str, arguments: Mapping[str, Any]) -> CanonicalAction:
-        return await self._call(self._canonicalize(tool, arguments))
+    async def canonicalize(
+        self, tool: str, arguments: Mapping[str, Any], *, run_id: str | None = None
+    ) -> CanonicalAction:
+        return await self._call(self._canonicalize(tool, arguments, run_id))

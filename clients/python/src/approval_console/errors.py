@@ -141,6 +141,11 @@ class ClientRefConflict(Conflict):
     """``409 client_ref_conflict``: this run used the ``client_ref`` for another action."""
 
 
+class ExecutedByConsole(Conflict):
+    """``409 executed_by_console``: the console executes this command through its adapter
+    and records its effect; a runtime has nothing to report (wait for the effect instead)."""
+
+
 class NotRenewable(Conflict):
     """A renewal refused: ``pending_review``, ``not_expired``, ``auto_admitted``."""
 
@@ -205,6 +210,7 @@ _BY_CODE: dict[str, type[APIError]] = {
     "auto_admitted": NotRenewable,
     "effect_already_recorded": EffectAlreadyRecorded,
     "needs_reconciliation": NeedsReconciliation,
+    "executed_by_console": ExecutedByConsole,
     "other_runtime_key": OtherRuntimeKey,
     "not_your_command": NotYourCommand,
 }

@@ -11,7 +11,12 @@ An **execution id** names one attempt at running one tool call. It must be
   failure (a new epoch, ``POST /occurrences/{id}/epochs``), it increments ``attempt``.
 
 ``client_ref`` names the tool call inside its run (frameworks reuse ids such as ``call_0``
-across conversations, which is why the console scopes ``client_ref`` to ``run_id``).
+across conversations, which is why the console scopes ``client_ref`` to ``run_id``). Models
+reuse them inside one conversation too (``call_0`` in a later turn for another action), so
+the adapters add the digest of the action the model proposed: the same call again is the
+same request, another action under a reused id is a new one (not ``409
+client_ref_conflict``). The execution id carries the same digest, so the two never share an
+execution.
 """
 
 from __future__ import annotations
@@ -29,14 +34,33 @@ def _bounded(prefix: str, parts: tuple[str, ...]) -> str:
     return f"{prefix}:{digest}"
 
 
-def execution_id_for(run_id: str, call_id: str, attempt: int = 1, *, prefix: str = "exec") -> str:
-    """The execution id of ``attempt`` at the tool call ``call_id`` of run ``run_id``:
-    the same inputs always give the same id (at most 200 characters)."""
+def _call(call_id: str, action_digest: str | None) -> tuple[str, ...]:
+    if action_digest is None:
+        return (call_id,)
+    return (call_id, action_digest.rsplit(":", 1)[-1][:DIGEST_CHARS])
+
+
+DIGEST_CHARS = 16
+
+
+def execution_id_for(
+    run_id: str,
+    call_id: str,
+    attempt: int = 1,
+    *,
+    prefix: str = "exec",
+    action_digest: str | None = None,
+) -> str:
+    """The execution id of ``attempt`` at the tool call ``call_id`` of run ``run_id`` (with
+    ``action_digest``: of that action under that call id): the same inputs always give the
+    same id (at most 200 characters)."""
     if attempt < 1:
         raise ValueError("attempt counts from 1")
-    return _bounded(prefix, (run_id, call_id, str(attempt)))
+    return _bounded(prefix, (run_id, *_call(call_id, action_digest), str(attempt)))
 
 
-def client_ref_for(call_id: str, *, prefix: str = "call") -> str:
-    """The ``client_ref`` of a tool call inside its run (at most 200 characters)."""
-    return _bounded(prefix, (call_id,))
+def client_ref_for(call_id: str, *, prefix: str = "call", action_digest: str | None = None) -> str:
+    """The ``client_ref`` of a tool call inside its run, with ``action_digest`` (the digest
+    of the action the model proposed) of that action under that call id (at most 200
+    characters)."""
+    return _bounded(prefix, _call(call_id, action_digest))

@@ -10,20 +10,25 @@
     graph.add_node("tools", tool_node(close_case))   # with a checkpointer, and a thread_id
 
 For each tool call the gate proposes the call with ``run_id`` = the thread id and a
-``client_ref`` from the tool-call id (re-running the node proposes nothing new), pauses the
+``client_ref`` from the tool-call id and the action's digest (re-running the node proposes
+nothing new; a model reusing ``call_0`` for another action makes a new request), pauses the
 graph with ``interrupt()`` while a person reviews, and after ``Command(resume=...)`` (any
 value: the console's decision is what counts) picks up the token for an execution id
-derived from thread, tool call and attempt (so a restarted process gets the token again),
+derived from thread, tool call, action and attempt (so a restarted process gets the token again),
 claims what the reviewer approved, runs the tool once and reports its effect. Nothing in
 the checkpointer holds a token: the interrupt's value and the ``ToolMessage``'s artifact
-name the occurrence only. A rejection becomes a ``ToolMessage`` with the reason; a later
-call of the same thread with the same action (a model retrying) is answered from that
-message without a second proposal.
+name the occurrence only. A rejection becomes a ``ToolMessage`` with the reason. Before
+proposing, the gate asks ``POST /actions/canonicalize`` with the thread id for the thread's
+earlier rejections of the same action: a model retrying a rejected call (or a thread whose
+checkpoint was lost) is answered with the earlier reason, and nothing is proposed that
+nobody would decide. All tool calls of one model message are proposed at once and the node
+pauses once for all of them: they reach the inbox together and run after the last decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from langchain_core.messages import AnyMessage, ToolCall, ToolMessage
@@ -32,7 +37,7 @@ from langgraph.types import interrupt
 
 from approval_console.client import ApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import Execute, Outcome, run_decided
+from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, Execute, Outcome, run_decided, sentence
 from approval_console.models import Occurrence
 
 ARTIFACT_KEY = "approval_console"
@@ -46,20 +51,16 @@ def _thread_id() -> str:
     return str(thread_id)
 
 
-def _rejections(messages: Iterable[Any], tool: str) -> dict[str, str]:
-    """Digest -> reason of this thread's rejected calls of ``tool`` (from the artifacts)."""
-    found: dict[str, str] = {}
-    for message in messages:
-        artifact = getattr(message, "artifact", None)
-        info = artifact.get(ARTIFACT_KEY) if isinstance(artifact, dict) else None
-        if (
-            isinstance(info, dict)
-            and info.get("tool") == tool
-            and info.get("status") == "rejected"
-            and info.get("proposed_digest")
-        ):
-            found[str(info["proposed_digest"])] = str(info.get("reason") or "")
-    return found
+@dataclass
+class _Prepared:
+    """A tool call of the node: proposed (``occurrence_id``), or answered without a
+    proposal (``answer``)."""
+
+    call: ToolCall
+    digest: str
+    execution_id: str
+    occurrence_id: str = ""
+    answer: ToolMessage | None = None
 
 
 class GatedTool:
@@ -75,6 +76,7 @@ class GatedTool:
         requested_by: str | None = None,
         attempt: int = 1,
         renew_expired: bool = True,
+        effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     ) -> None:
         self.client = client
         self.tool = tool
@@ -83,89 +85,77 @@ class GatedTool:
         self.requested_by = requested_by
         self.attempt = attempt
         self.renew_expired = renew_expired
+        self.effect_timeout = effect_timeout
 
     @property
     def name(self) -> str:
         return self.tool
 
     def __call__(self, call: ToolCall, messages: Sequence[AnyMessage] = ()) -> ToolMessage:
+        """Gate one call: propose, pause until decided, run (``messages`` is unused: the
+        console remembers the thread's rejections)."""
+        (answer,) = _run_calls([(self, call)])
+        return answer
+
+    def prepare(self, call: ToolCall) -> _Prepared:
+        """Propose the call, unless this thread's reviewers rejected the same action
+        before: then answer it with their reason and propose nothing (no orphan request)."""
         thread_id = _thread_id()
         call_id = str(call["id"])
         arguments: Mapping[str, Any] = call["args"]
-        rejected = _rejections(messages, self.tool)
-        if rejected:
-            digest = self.client.canonicalize(self.tool, arguments).action_digest
-            if digest in rejected:
-                return self._message(
+        canonical = self.client.canonicalize(self.tool, arguments, run_id=thread_id)
+        digest = canonical.action_digest
+        ref = client_ref_for(call_id, action_digest=digest)
+        prepared = _Prepared(
+            call,
+            digest,
+            execution_id_for(thread_id, call_id, self.attempt, prefix="lg", action_digest=digest),
+        )
+        prior = [p for p in canonical.prior_decisions if p.decision == "rejected"]
+        if prior:
+            own = self.client.lookup(thread_id, ref)
+            if own is None:
+                prepared.answer = self._message(
                     call,
                     Outcome(
                         "rejected",
-                        "",
-                        f"This exact call was already rejected in this conversation: "
-                        f"{rejected[digest]}. It was not proposed again; do not retry it.",
-                        reason=rejected[digest],
+                        prior[0].occurrence_id,
+                        "This exact call was already rejected in this conversation: "
+                        f"{sentence(prior[0].reason)} It was not proposed again; do not "
+                        "retry it.",
+                        reason=prior[0].reason,
                     ),
                     proposed_digest=digest,
                 )
+                return prepared
+            prepared.occurrence_id = own.occurrence_id  # proposed before: its own decision
+            return prepared
         proposed = self.client.propose(
             self.tool,
             arguments,
             run_id=thread_id,
             reason=self.reason(call),
-            client_ref=client_ref_for(call_id),
+            client_ref=ref,
             requested_by=self.requested_by,
         )
-        prior = [p for p in proposed.prior_decisions if p.decision == "rejected"]
-        if prior and proposed.status == "pending_review":
-            # The thread's messages lost the rejection; the console remembers it.
-            return self._message(
-                call,
-                Outcome(
-                    "rejected",
-                    proposed.occurrence_id,
-                    f"This exact call was rejected before in this run: {prior[0].reason}. "
-                    "Do not retry it.",
-                    reason=prior[0].reason,
-                ),
-                proposed_digest=proposed.proposal.action_digest,
-            )
-        execution_id = execution_id_for(thread_id, call_id, self.attempt, prefix="lg")
-        while True:
-            occurrence = self.client.get(proposed.occurrence_id)
-            if occurrence.pending:
-                self._pause(occurrence)
-                continue
-            outcome = run_decided(
-                self.client,
-                occurrence,
-                execution_id=execution_id,
-                execute=self.execute,
-                renew_expired=self.renew_expired,
-            )
-            if outcome.status in {"pending", "renewed"}:
-                self._pause(self.client.get(proposed.occurrence_id))
-                continue
-            rejected_digest: str | None = None
-            if outcome.status == "rejected":
-                rejected_digest = self.client.canonicalize(self.tool, arguments).action_digest
-            return self._message(call, outcome, proposed_digest=rejected_digest)
+        prepared.occurrence_id = proposed.occurrence_id
+        return prepared
 
-    def _pause(self, occurrence: Occurrence) -> None:
-        """Stop the graph until it is resumed (the resume value is not trusted: the loop
-        reads the console's decision again)."""
-        interrupt(
-            {
-                ARTIFACT_KEY: {
-                    "occurrence_id": occurrence.occurrence_id,
-                    "tool": occurrence.tool,
-                    "status": occurrence.status,
-                    "action_digest": occurrence.proposal.action_digest,
-                    "arguments": occurrence.proposal.arguments,
-                    "run_id": occurrence.run_id,
-                    "client_ref": occurrence.client_ref,
-                }
-            }
+    def finish(self, prepared: _Prepared, occurrence: Occurrence) -> ToolMessage | None:
+        """Run a decided call once and answer it; None when it went back to review."""
+        outcome = run_decided(
+            self.client,
+            occurrence,
+            execution_id=prepared.execution_id,
+            execute=self.execute,
+            renew_expired=self.renew_expired,
+            effect_timeout=self.effect_timeout,
+            proposed=prepared.call["args"],
         )
+        if outcome.status in {"pending", "renewed"}:
+            return None
+        rejected_digest = prepared.digest if outcome.status == "rejected" else None
+        return self._message(prepared.call, outcome, proposed_digest=rejected_digest)
 
     def _message(
         self, call: ToolCall, outcome: Outcome, *, proposed_digest: str | None
@@ -198,9 +188,12 @@ def gated_tool(
     requested_by: str | None = None,
     attempt: int = 1,
     renew_expired: bool = True,
+    effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
 ) -> GatedTool:
     """Gate ``tool``: ``execute(arguments, idempotency_key)`` runs only what a reviewer
-    approved, at most once per approval."""
+    approved, at most once per approval. For a tool the console executes (``execute`` is
+    not called), the node waits up to ``effect_timeout`` seconds for the console's effect
+    and tells the model what it was."""
     return GatedTool(
         client,
         tool,
@@ -209,7 +202,51 @@ def gated_tool(
         requested_by=requested_by,
         attempt=attempt,
         renew_expired=renew_expired,
+        effect_timeout=effect_timeout,
     )
+
+
+def _info(occurrence: Occurrence) -> dict[str, Any]:
+    return {
+        "occurrence_id": occurrence.occurrence_id,
+        "tool": occurrence.tool,
+        "status": occurrence.status,
+        "action_digest": occurrence.proposal.action_digest,
+        "arguments": occurrence.proposal.arguments,
+        "run_id": occurrence.run_id,
+        "client_ref": occurrence.client_ref,
+    }
+
+
+def _pause(pending: Sequence[Occurrence]) -> None:
+    """Stop the graph until it is resumed, once for every call still in review (the
+    resume value is not trusted: the node reads the console's decisions again). The value
+    names the first occurrence at the top, as a single call's pause always did, and every
+    one under ``calls``."""
+    interrupt({ARTIFACT_KEY: {**_info(pending[0]), "calls": [_info(o) for o in pending]}})
+
+
+def _run_calls(gated: Sequence[tuple[GatedTool, ToolCall]]) -> list[ToolMessage]:
+    """Propose every call first, pause until none is in review, then run each once."""
+    prepared = [(gate, gate.prepare(call)) for gate, call in gated]
+    answers: dict[int, ToolMessage] = {
+        i: p.answer for i, (_, p) in enumerate(prepared) if p.answer is not None
+    }
+    while len(answers) < len(prepared):
+        waiting = {
+            i: gate.client.get(p.occurrence_id)
+            for i, (gate, p) in enumerate(prepared)
+            if i not in answers
+        }
+        pending = [o for o in waiting.values() if o.pending]
+        if pending:
+            _pause(pending)
+            continue
+        for i, occurrence in waiting.items():
+            gate, p = prepared[i]
+            if (answer := gate.finish(p, occurrence)) is not None:
+                answers[i] = answer
+    return [answers[i] for i in range(len(prepared))]
 
 
 class ToolNode(Protocol):
@@ -219,27 +256,27 @@ class ToolNode(Protocol):
 
 
 def tool_node(*gates: GatedTool, messages_key: str = "messages") -> ToolNode:
-    """A graph node running the last AI message's tool calls through their gates; a call of
-    a tool without a gate is answered with an error message."""
+    """A graph node running the last AI message's tool calls through their gates, all of
+    them proposed at once and awaited together; a call of a tool without a gate is
+    answered with an error message."""
     by_name = {gate.name: gate for gate in gates}
 
     def node(state: Any) -> dict[str, list[ToolMessage]]:
         """``state``: the graph's state (a mapping with the messages)."""
         messages: Sequence[AnyMessage] = state[messages_key]
         calls: list[ToolCall] = list(getattr(messages[-1], "tool_calls", None) or [])
-        out: list[ToolMessage] = []
-        for call in calls:
-            gate = by_name.get(call["name"])
-            if gate is None:
-                out.append(
-                    ToolMessage(
-                        content=f"Unknown tool {call['name']}.",
-                        tool_call_id=str(call["id"]),
-                        status="error",
-                    )
-                )
-                continue
-            out.append(gate(call, messages))
+        gated = [(by_name[c["name"]], c) for c in calls if c["name"] in by_name]
+        answers = iter(_run_calls(gated))
+        out = [
+            next(answers)
+            if call["name"] in by_name
+            else ToolMessage(
+                content=f"Unknown tool {call['name']}.",
+                tool_call_id=str(call["id"]),
+                status="error",
+            )
+            for call in calls
+        ]
         return {messages_key: out}
 
     return node

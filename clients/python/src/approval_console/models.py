@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# Effect states a command does not leave by itself (``not_sent`` and ``sending`` still move).
+SETTLED_EFFECTS = frozenset(
+    {"committed", "reconciled", "compensated", "rejected", "outcome_unknown"}
+)
+
 # Occurrence statuses that no longer wait for a person.
 PENDING = "pending_review"
 DECIDED_STATUSES = frozenset(
@@ -292,6 +297,36 @@ class CommandDetail:
             raw=data,
         )
 
+    @property
+    def settled(self) -> bool:
+        """The effect is recorded (committed, rejected, unknown, ...), not still on its way."""
+        return self.effect_state in SETTLED_EFFECTS
+
+    @property
+    def receipt(self) -> str | None:
+        """The receipt of the last invocation that left one (the console's adapters)."""
+        for invocation in reversed(self.raw.get("invocations") or []):
+            if isinstance(invocation, dict) and invocation.get("receipt"):
+                return str(invocation["receipt"])
+        return None
+
+    @property
+    def detail(self) -> str | None:
+        """What the last invocation said about its outcome (a refusal's reason)."""
+        for invocation in reversed(self.raw.get("invocations") or []):
+            if isinstance(invocation, dict) and invocation.get("detail"):
+                return str(invocation["detail"])
+        return None
+
+    @property
+    def interrupted(self) -> bool:
+        """An authentication challenge refused the call and nobody resolved it yet: the
+        console calls again once an admin renews the credentials."""
+        return any(
+            isinstance(i, dict) and i.get("resolved_at") is None
+            for i in self.raw.get("interruptions") or []
+        )
+
 
 @dataclass(frozen=True)
 class ToolContract:
@@ -327,6 +362,8 @@ class CanonicalAction:
     canonical_action: str
     action_digest: str
     approvals_needed: int
+    # With a ``run_id``: that run's rejected occurrences of the same action, newest first.
+    prior_decisions: list[PriorDecision] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CanonicalAction:
@@ -336,4 +373,5 @@ class CanonicalAction:
             canonical_action=str(data["canonical_action"]),
             action_digest=str(data["action_digest"]),
             approvals_needed=int(data.get("approvals_needed") or 1),
+            prior_decisions=[PriorDecision.from_json(p) for p in data.get("prior_decisions") or []],
         )

@@ -34,8 +34,9 @@ stores holds a token; the run state holds only the SDK's own items.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,13 @@ from agents.tool_context import ToolContext
 
 from approval_console.client import AsyncApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import AsyncExecute, Outcome, arun_decided
+from approval_console.gate import (
+    DEFAULT_EFFECT_TIMEOUT,
+    AsyncExecute,
+    Outcome,
+    arun_decided,
+    sentence,
+)
 from approval_console.models import Occurrence, Proposed
 
 
@@ -71,21 +78,18 @@ def _arguments(item: ToolApprovalItem) -> dict[str, Any]:
     return parsed
 
 
-def _function_calls(snapshot: Any) -> Iterator[tuple[str, str]]:
-    """(call id, tool name) of every function call in a serialized run state."""
-    if isinstance(snapshot, dict):
-        if snapshot.get("type") == "function_call" and isinstance(snapshot.get("call_id"), str):
-            yield snapshot["call_id"], str(snapshot.get("name") or "")
-        for value in snapshot.values():
-            yield from _function_calls(value)
-    elif isinstance(snapshot, list):
-        for value in snapshot:
-            yield from _function_calls(value)
+def _parsed(raw: str) -> dict[str, Any] | None:
+    """The model's arguments as it sent them (None if they are not a JSON object)."""
+    try:
+        parsed = json.loads(raw or "{}")
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _repeat_message(reason: str) -> str:
     return (
-        f"This exact call was already rejected in this conversation: {reason}. "
+        f"This exact call was already rejected in this conversation: {sentence(reason)} "
         "It was not proposed again; do not retry it, tell the user."
     )
 
@@ -102,17 +106,35 @@ class ConsoleBridge:
         requested_by: str | None = None,
         attempt: int = 1,
         renew_expired: bool = True,
+        effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     ) -> None:
         self.client = client
         self.run_id = run_id
         self.requested_by = requested_by
         self.attempt = attempt
         self.renew_expired = renew_expired
+        # How long a console-executed tool's call waits for the console's effect.
+        self.effect_timeout = effect_timeout
         self._gated: set[str] = set()
         self.outcomes: list[Outcome] = []
+        # Interruptions submit() did not propose: repeats of a rejected action (call id ->
+        # the earlier reason).
+        self.refused: dict[str, str] = {}
 
-    def execution_id(self, call_id: str) -> str:
-        return execution_id_for(self.run_id, call_id, self.attempt, prefix="oa")
+    def execution_id(self, call_id: str, action_digest: str | None = None) -> str:
+        return execution_id_for(
+            self.run_id, call_id, self.attempt, prefix="oa", action_digest=action_digest
+        )
+
+    async def _digest(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """The digest of the action the model proposed (the client_ref and execution id
+        carry it: a model reusing a call id for another action makes a new request)."""
+        return (await self.client.canonicalize(name, arguments)).action_digest
+
+    async def _ref(self, item: ToolApprovalItem) -> str:
+        assert item.name is not None and item.call_id is not None
+        digest = await self._digest(item.name, _arguments(item))
+        return client_ref_for(item.call_id, action_digest=digest)
 
     # --- tools --------------------------------------------------------------------------
 
@@ -128,8 +150,8 @@ class ConsoleBridge:
         (``await execute(approved_arguments, idempotency_key)``)."""
         self._gated.add(name)
 
-        async def invoke(ctx: ToolContext[Any], _model_arguments: str) -> str:
-            outcome = await self._run(name, ctx.tool_call_id, execute)
+        async def invoke(ctx: ToolContext[Any], model_arguments: str) -> str:
+            outcome = await self._run(name, ctx.tool_call_id, execute, model_arguments)
             self.outcomes.append(outcome)
             return outcome.message
 
@@ -156,8 +178,13 @@ class ConsoleBridge:
             params_json_schema=schema,
         )
 
-    async def _run(self, name: str, call_id: str, execute: AsyncExecute) -> Outcome:
-        occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+    async def _run(
+        self, name: str, call_id: str, execute: AsyncExecute, model_arguments: str
+    ) -> Outcome:
+        proposed = _parsed(model_arguments)
+        digest = await self._digest(name, proposed or {})
+        ref = client_ref_for(call_id, action_digest=digest)
+        occurrence = await self.client.lookup(self.run_id, ref)
         if occurrence is None:
             return Outcome(
                 "refused", "", f"{name} was not proposed to the approval console; not run."
@@ -165,9 +192,11 @@ class ConsoleBridge:
         return await arun_decided(
             self.client,
             occurrence,
-            execution_id=self.execution_id(call_id),
+            execution_id=self.execution_id(call_id, digest),
             execute=execute,
             renew_expired=False,  # the SDK approved it already; renewing is resolve()'s part
+            effect_timeout=self.effect_timeout,
+            proposed=proposed,
         )
 
     # --- approvals ----------------------------------------------------------------------
@@ -178,48 +207,53 @@ class ConsoleBridge:
     async def submit(
         self, interruptions: Sequence[ToolApprovalItem], *, reason: str | None = None
     ) -> list[Proposed]:
-        """Propose each gated interruption (again: the same occurrence, nothing new)."""
+        """Propose each gated interruption (again: the same occurrence, nothing new). One
+        that repeats an action this run's reviewers rejected is not proposed: it is in
+        :attr:`refused` (call id -> the earlier reason), and :meth:`resolve` rejects it."""
         proposed = []
         for item in self._gated_items(interruptions):
-            proposed.append(await self._propose(item, reason))
+            answer = await self._propose(item, reason)
+            if isinstance(answer, str):
+                self.refused[str(item.call_id)] = answer
+            else:
+                proposed.append(answer)
         return proposed
 
-    async def _propose(self, item: ToolApprovalItem, reason: str | None) -> Proposed:
+    async def _propose(self, item: ToolApprovalItem, reason: str | None) -> Proposed | str:
+        """The proposal, or the reason this run's reviewers rejected the same action
+        before (then nothing is proposed: no second review, no request nobody decides)."""
         assert item.name is not None and item.call_id is not None
+        arguments = _arguments(item)
+        canonical = await self.client.canonicalize(item.name, arguments, run_id=self.run_id)
+        ref = client_ref_for(item.call_id, action_digest=canonical.action_digest)
+        prior = [p for p in canonical.prior_decisions if p.decision == "rejected"]
+        if prior and await self.client.lookup(self.run_id, ref) is None:
+            return prior[0].reason
         return await self.client.propose(
             item.name,
-            _arguments(item),
+            arguments,
             run_id=self.run_id,
             reason=reason or f"The agent called {item.name}.",
-            client_ref=client_ref_for(item.call_id),
+            client_ref=ref,
             requested_by=self.requested_by,
         )
 
     async def resolve(self, state: RunState[Any, Any]) -> Resolution:
         """Apply the console's decisions to the state's interruptions. An interruption not
-        proposed yet is proposed, unless it repeats a call of this run that a reviewer
-        rejected: that one is rejected at once with the earlier reason (no second review)."""
+        proposed yet is proposed, unless it repeats an action of this run (this state or an
+        earlier one under the same run id) that a reviewer rejected: that one is rejected
+        at once with the earlier reason (no second review)."""
         resolution = Resolution()
-        rejected: dict[str, str] | None = None
         for item in self._gated_items(state.get_interruptions()):
             call_id = str(item.call_id)
-            occurrence = await self.client.lookup(self.run_id, client_ref_for(call_id))
+            occurrence = await self.client.lookup(self.run_id, await self._ref(item))
             if occurrence is None:
-                if rejected is None:
-                    rejected = await self._rejected_digests(state, exclude=call_id)
-                repeat = await self._repeat_reason(item, rejected)
-                if repeat is not None:
-                    state.reject(item, rejection_message=_repeat_message(repeat))
-                    resolution.rejected[call_id] = repeat
-                    continue
-                proposed = await self._propose(item, None)
-                resolution.occurrences[call_id] = proposed.occurrence_id
-                prior = [p for p in proposed.prior_decisions if p.decision == "rejected"]
-                if prior and proposed.status == "pending_review":
-                    # The state lost the earlier call; the console remembers its rejection.
-                    state.reject(item, rejection_message=_repeat_message(prior[0].reason))
-                    resolution.rejected[call_id] = prior[0].reason
+                answer = await self._propose(item, None)
+                if isinstance(answer, str):
+                    state.reject(item, rejection_message=_repeat_message(answer))
+                    resolution.rejected[call_id] = answer
                 else:
+                    resolution.occurrences[call_id] = answer.occurrence_id
                     resolution.pending.append(call_id)
                 continue
             resolution.occurrences[call_id] = occurrence.occurrence_id
@@ -231,37 +265,13 @@ class ConsoleBridge:
                 reason = occurrence.rejection_reason or "rejected"
                 state.reject(
                     item,
-                    rejection_message=f"A reviewer rejected this call: {reason}. "
+                    rejection_message=f"A reviewer rejected this call: {sentence(reason)} "
                     "Do not retry it; tell the user.",
                 )
                 resolution.rejected[call_id] = reason
             else:
                 resolution.pending.append(call_id)
         return resolution
-
-    async def _rejected_digests(self, state: RunState[Any, Any], *, exclude: str) -> dict[str, str]:
-        """Digest -> reason of the run's earlier calls (found in the state) of gated tools
-        that the console rejected."""
-        try:
-            snapshot = state.to_json()
-        except Exception:  # a context the SDK cannot serialize: no history to compare
-            return {}
-        found: dict[str, str] = {}
-        for call_id, name in dict(_function_calls(snapshot)).items():
-            if call_id == exclude or name not in self._gated:
-                continue
-            earlier = await self.client.lookup(self.run_id, client_ref_for(call_id))
-            if earlier is not None and earlier.status == "rejected":
-                found[earlier.proposal.action_digest] = earlier.rejection_reason
-        return found
-
-    async def _repeat_reason(
-        self, item: ToolApprovalItem, rejected: Mapping[str, str]
-    ) -> str | None:
-        if not rejected or item.name is None:
-            return None
-        digest = (await self.client.canonicalize(item.name, _arguments(item))).action_digest
-        return rejected.get(digest)
 
     async def _decision(self, occurrence: Occurrence) -> str:
         """approved, rejected or pending (an expired approval is renewed: pending again)."""
@@ -280,8 +290,13 @@ class ConsoleBridge:
         return "pending"
 
     async def wait(self, state: RunState[Any, Any], *, timeout: float = 900.0) -> Resolution:
-        """Wait for each pending interruption's review, then :meth:`resolve`."""
+        """Wait for every pending interruption's review (together, not one after the
+        other), then :meth:`resolve`."""
         resolution = await self.resolve(state)
-        for call_id in resolution.pending:
-            await self.client.wait(resolution.occurrences[call_id], timeout=timeout)
+        await asyncio.gather(
+            *(
+                self.client.wait(resolution.occurrences[call_id], timeout=timeout)
+                for call_id in resolution.pending
+            )
+        )
         return await self.resolve(state) if resolution.pending else resolution
