@@ -8,6 +8,7 @@ from django import forms
 from django.core.validators import RegexValidator
 
 from approvals.models import Occurrence
+from approvals.vocabulary import PanelState
 
 DIGEST_VALIDATOR = RegexValidator(r"^[0-9a-f]{64}$", "Not a SHA-256 hex digest.")
 
@@ -26,7 +27,7 @@ STATE_CHOICES = [
 
 # What a reviewer may type for a state besides its value: the pages say "Consumed" for the
 # API's "claimed", so ?state=consumed means that state (not the default it fell back to).
-STATE_ALIASES = {"consumed": Occurrence.Status.CLAIMED.value}
+STATE_ALIASES = {PanelState.CONSUMED.value: Occurrence.Status.CLAIMED.value}
 
 
 class InboxFilterForm(forms.Form):
