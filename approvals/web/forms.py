@@ -12,6 +12,9 @@ from approvals.models import Occurrence
 DIGEST_VALIDATOR = RegexValidator(r"^[0-9a-f]{64}$", "Not a SHA-256 hex digest.")
 
 STATE_ALL = "all"
+# The consumed occurrences whose approval the reader gave and whose effect failed, is
+# unknown or was interrupted.
+STATE_WENT_WRONG = "went_wrong"
 STATE_CHOICES = [
     (Occurrence.Status.PENDING_REVIEW.value, "Pending review"),
     (Occurrence.Status.APPROVED.value, "Approved"),
@@ -21,6 +24,7 @@ STATE_CHOICES = [
     (Occurrence.Status.EXPIRED.value, "Expired"),
     (Occurrence.Status.AUTO_ADMITTED.value, "Auto-admitted"),
     (STATE_ALL, "All states"),
+    (STATE_WENT_WRONG, "My approvals that went wrong"),
 ]
 
 

@@ -28,6 +28,7 @@ from approvals.reviews.selectors import effective_approval_state
 from approvals.vocabulary import AuditKind
 from approvals.web.jinja import render_rows
 from approvals.web.money import format_money, minor_units, money_lines
+from approvals.web.presenters.effects import effect_word
 from approvals.web.presenters.history import (
     EvidencePart,
     HistoryLink,
@@ -279,6 +280,16 @@ def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: dat
     )
 
 
+def _state_label(decision: DecisionView, evidence: EffectEvidence | None) -> str:
+    """The header's word for the decision, and for a consumed approval what its command did:
+    "Consumed" alone hid an effect that failed, is unknown or was interrupted."""
+    label = PANEL_LABELS[decision.state]
+    if decision.state != PanelState.CONSUMED or decision.command is None:
+        return label
+    interrupted = evidence is not None and evidence.interruption is not None
+    return f"{label} · {effect_word(decision.command.state, interrupted=interrupted)}"
+
+
 def decision_panel(
     snapshot: ReviewSnapshot, viewer: Viewer, *, shown_digest: str = ""
 ) -> DecisionPanel:
@@ -330,7 +341,7 @@ def decision_panel(
         approval=approval,
         command=decision.command,
         effect=effect_view(decision.command, snapshot.effect) if decision.command else None,
-        state_label=PANEL_LABELS[decision.state],
+        state_label=_state_label(decision, snapshot.effect),
         shown=shown,
         shown_is_current=shown.pk == proposal.pk,
         is_reviewer=viewer.is_reviewer,
