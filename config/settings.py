@@ -347,7 +347,9 @@ WHITENOISE_USE_FINDERS = DEBUG or not _STATIC_COLLECTED
 WHITENOISE_AUTOREFRESH = DEBUG or not _STATIC_COLLECTED
 
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/reviews/"
+# Only where a view does not choose: the sign-in lands each role on its own home
+# (approvals.web.home.ConsoleLoginView).
+LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # The agent API refuses bodies above 64 KiB before parsing them.

@@ -1,4 +1,4 @@
-"""Admins' runtime keys page (``/operations/keys/``): create a key (shown once) and
+"""Admins' runtime keys page (``/manage/keys/``): create a key (shown once) and
 deactivate one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Admins' revocation pages (``/operations/revocations/``): filter and preview the approvals
+"""Admins' revocation pages (``/manage/revocations/``): filter and preview the approvals
 a bulk revocation would revoke, revoke them as one batch, read a batch back, and revoke
 one approval by its fingerprint."""
 
