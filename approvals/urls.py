@@ -5,7 +5,7 @@ from django.urls import path
 from approvals.web import tokens as account_views
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
-from approvals.web.keys import key_created, key_deactivate, keys, keys_create
+from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
 from approvals.web.revocations import (
     revocations,
@@ -57,6 +57,7 @@ urlpatterns = [
         key_deactivate,
         name="key-deactivate",
     ),
+    path("manage/keys/<int:key_id>/reactivate", key_reactivate, name="key-reactivate"),
     # Their addresses before the move: bookmarks and forms rendered earlier keep working.
     *(
         path(f"operations/{section}/{rest}", moved, {"new": f"/manage/{section}/"})
