@@ -7,6 +7,7 @@ from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
+from approvals.web.revocation_batches import revocations_batches
 from approvals.web.revocations import (
     revocations,
     revocations_batch,
@@ -44,6 +45,7 @@ urlpatterns = [
         revoke_fingerprint,
         name="revoke-fingerprint",
     ),
+    path("manage/revocations/batches/", revocations_batches, name="revocations-batches"),
     path(
         "manage/revocations/batches/<uuid:batch_id>/",
         revocations_batch,
