@@ -77,6 +77,8 @@ class EditForm(forms.Form):
         error_messages={"required": "Enter the arguments as a JSON object."},
     )
     action_digest = forms.CharField(max_length=64, validators=[DIGEST_VALIDATOR])
+    # Sent by the form that said, plainly, that saving withdraws the issued approval.
+    withdraw_approval = forms.BooleanField(required=False)
 
 
 class TenantSwitchForm(forms.Form):

@@ -229,6 +229,8 @@ class DecisionPanel:
     can_decide: bool
     can_revoke: bool
     editable: bool
+    # Saving an edit now withdraws an issued approval: the page says so on the form.
+    edit_withdraws: bool
     still_needed: int
     eligible: list[str]
     rejected_by: str
@@ -354,6 +356,7 @@ def decision_panel(
         can_decide=can_decide,
         can_revoke=can_revoke,
         editable=editable,
+        edit_withdraws=editable and decision.state in {PanelState.ISSUED, PanelState.DELIVERED},
         still_needed=max(decision.needed - len(decision.votes), 0),
         eligible=eligible,
         rejected_by=snapshot.rejected_by,
