@@ -46,7 +46,7 @@ class RuntimeKeyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["is_active", "tenant"]
     # Keys are created with `manage.py create_runtime_key` or on the console's runtime keys
-    # page (/operations/keys/), which show the raw key once.
+    # page (/manage/keys/), which show the raw key once.
     readonly_fields = ["tenant", "key_hash", "prefix", "created_at", "last_used_at"]
     # Keys with the same runtime group share token pickups and claims (one runtime).
     fields = [

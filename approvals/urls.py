@@ -3,9 +3,11 @@ from __future__ import annotations
 from django.urls import path
 
 from approvals.web import tokens as account_views
+from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
-from approvals.web.keys import key_created, key_deactivate, keys, keys_create
+from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
+from approvals.web.revocation_batches import revocations_batches
 from approvals.web.revocations import (
     revocations,
     revocations_batch,
@@ -33,24 +35,35 @@ urlpatterns = [
         name="access-token-revoke",
     ),
     # Admins: revocation (single and bulk) and runtime keys.
-    path("operations/revocations/", revocations, name="revocations"),
-    path("operations/revocations/revoke", revocations_revoke, name="revocations-revoke"),
+    # Admins: revocation (single and bulk) and runtime keys, under their own prefix (the
+    # adapter credentials page, reconciliation's, sits beside them at manage/credentials/).
+    path("manage/", manage, name="manage"),
+    path("manage/revocations/", revocations, name="revocations"),
+    path("manage/revocations/revoke", revocations_revoke, name="revocations-revoke"),
     path(
-        "operations/revocations/fingerprint",
+        "manage/revocations/fingerprint",
         revoke_fingerprint,
         name="revoke-fingerprint",
     ),
+    path("manage/revocations/batches/", revocations_batches, name="revocations-batches"),
     path(
-        "operations/revocations/batches/<uuid:batch_id>/",
+        "manage/revocations/batches/<uuid:batch_id>/",
         revocations_batch,
         name="revocations-batch",
     ),
-    path("operations/keys/", keys, name="keys"),
-    path("operations/keys/create", keys_create, name="keys-create"),
-    path("operations/keys/<int:key_id>/created", key_created, name="key-created"),
+    path("manage/keys/", keys, name="keys"),
+    path("manage/keys/create", keys_create, name="keys-create"),
+    path("manage/keys/<int:key_id>/created", key_created, name="key-created"),
     path(
-        "operations/keys/<int:key_id>/deactivate",
+        "manage/keys/<int:key_id>/deactivate",
         key_deactivate,
         name="key-deactivate",
+    ),
+    path("manage/keys/<int:key_id>/reactivate", key_reactivate, name="key-reactivate"),
+    # Their addresses before the move: bookmarks and forms rendered earlier keep working.
+    *(
+        path(f"operations/{section}/{rest}", moved, {"new": f"/manage/{section}/"})
+        for section in ("revocations", "keys", "credentials")
+        for rest in ("", "<path:rest>")
     ),
 ]

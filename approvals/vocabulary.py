@@ -78,6 +78,7 @@ class EventDecision(models.TextChoices):
     REJECTED = "rejected", "Rejected"
     AUTO_ADMITTED = "auto_admitted", "Admitted by policy"
     DEACTIVATED = "deactivated", "Deactivated"
+    REACTIVATED = "reactivated", "Reactivated"
     # The queue delivered a command whose effect was settled: nothing was called.
     IGNORED = "ignored", "Ignored"
     INTERRUPTED = "interrupted", "Interrupted"
@@ -168,6 +169,8 @@ class AuditKind(models.TextChoices):
     # Runtime keys, reviewer tokens and callbacks: who may talk to the console.
     RUNTIME_KEY_CREATED = "runtime_key.created", "Runtime key created"
     RUNTIME_KEY_DEACTIVATED = "runtime_key.deactivated", "Runtime key deactivated"
+    # An admin undid a deactivation within the grace period (RUNTIME_KEY_REACTIVATION_HOURS).
+    RUNTIME_KEY_REACTIVATED = "runtime_key.reactivated", "Runtime key reactivated"
     REVIEWER_TOKEN_CREATED = "reviewer_token.created", "Reviewer token created"
     REVIEWER_TOKEN_REVOKED = "reviewer_token.revoked", "Reviewer token revoked"
     CALLBACK_REGISTERED = "callback.registered", "Callback registered"

@@ -28,6 +28,8 @@ from django.utils.log import log_response
 
 from approvals.api.errors import error_response
 from approvals.errors import ErrorCode
+from approvals.web.home import role_home, role_home_label
+from approvals.web.selectors.access import console_access
 
 API_PREFIX = "/api/"
 
@@ -52,7 +54,26 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     # A PermissionDenied raised by the console carries a sentence written for the reader
     # ("Only operators of a tenant can open the operations console."), never agent text.
     reason = str(exception) if isinstance(exception, PermissionDenied) and exception.args else ""
-    return render(request, "403.html", {"reason": reason}, status=403)
+    return render(request, "403.html", {"reason": reason, **home_of(request)}, status=403)
+
+
+def home_of(request: HttpRequest) -> dict[str, Any]:
+    """Where the reader's way back leads (their role's home), and whether they are an admin
+    somewhere: an admin is never told to ask an admin."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {
+            "home_url": settings.LOGIN_URL,
+            "home_label": "Sign in",
+            "is_admin_somewhere": False,
+        }
+    access = console_access(user)
+    home = role_home(access)
+    return {
+        "home_url": home,
+        "home_label": role_home_label(home),
+        "is_admin_somewhere": any(access.is_admin(t.pk) for t in access.tenants),
+    }
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

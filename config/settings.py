@@ -347,7 +347,9 @@ WHITENOISE_USE_FINDERS = DEBUG or not _STATIC_COLLECTED
 WHITENOISE_AUTOREFRESH = DEBUG or not _STATIC_COLLECTED
 
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/reviews/"
+# Only where a view does not choose: the sign-in lands each role on its own home
+# (approvals.web.home.ConsoleLoginView).
+LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # The agent API refuses bodies above 64 KiB before parsing them.
@@ -373,6 +375,9 @@ API_AUDITED_REFUSALS_PER_WINDOW = env_int("API_AUDITED_REFUSALS_PER_WINDOW", 20)
 # (approvals/keycache.py): a deactivated key is refused everywhere within this, at most 1;
 # 0 reads the row on every request.
 RUNTIME_KEY_CACHE_SECONDS = env_float("RUNTIME_KEY_CACHE_SECONDS", 1.0)
+# How long after a deactivation an admin may reactivate the key (undo a mistaken click);
+# afterwards a deactivated key stays so, and the runtime needs a new one.
+RUNTIME_KEY_REACTIVATION_HOURS = env_float("RUNTIME_KEY_REACTIVATION_HOURS", 24.0)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

@@ -14,6 +14,8 @@ from django.views.generic import RedirectView
 
 from approvals.api import api
 from approvals.api.base import database_unavailable_response
+from approvals.web.home import ConsoleLoginView
+from approvals.web.home import home as role_home_view
 from config import errors, health
 from reconciliation.api import claims as claim_api
 from reconciliation.api.commands import router as execution_router
@@ -36,13 +38,10 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
-    path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
-        name="login",
-    ),
+    path("accounts/login/", ConsoleLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", RedirectView.as_view(pattern_name="approvals:inbox"), name="home"),
+    # Each role's own home: the inbox, the operations queue or the admin pages.
+    path("", role_home_view, name="home"),
     path("", include("approvals.urls")),
     path("", include("reconciliation.urls")),
 ]

@@ -10,7 +10,7 @@ app_name = "reconciliation"
 
 urlpatterns = [
     path("operations/", views.queue, name="queue"),
-    path("operations/credentials/", admin_views.credentials, name="credentials"),
+    path("manage/credentials/", admin_views.credentials, name="credentials"),
     path("operations/occurrences/<uuid:occurrence_id>/", views.timeline, name="timeline"),
     path("investigations/", investigation_views.investigation, name="investigations"),
     path(

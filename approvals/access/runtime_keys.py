@@ -4,8 +4,9 @@ API call (through ``keycache``), and the runtime group that lets keys act for ea
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -105,7 +106,9 @@ def runtime_key_deactivate(*, key: RuntimeKey, admin: User) -> bool:
     401. Returns whether it was active (a guarded UPDATE: of two admins, one records it)."""
     require_role(admin, key.tenant_id, Membership.Role.ADMIN)
     with transaction.atomic():
-        changed = RuntimeKey.objects.filter(pk=key.pk, is_active=True).update(is_active=False)
+        changed = RuntimeKey.objects.filter(pk=key.pk, is_active=True).update(
+            is_active=False, deactivated_at=timezone.now()
+        )
         # This process refuses the key from now on; the others within a second (keycache).
         transaction.on_commit(functools.partial(keycache.forget, key.pk))
         if changed:
@@ -114,6 +117,35 @@ def runtime_key_deactivate(*, key: RuntimeKey, admin: User) -> bool:
                 tenant=key.tenant_id,
                 actor=username_of(admin),
                 decision=EventDecision.DEACTIVATED,
+                data={"key_id": key.pk, "name": key.name, "prefix": key.prefix},
+            )
+    return bool(changed)
+
+
+def runtime_key_reactivation_until(key: RuntimeKey) -> datetime | None:
+    """Until when a deactivated key can be reactivated; None if it cannot (active, or
+    deactivated before deactivations were timed)."""
+    if key.is_active or key.deactivated_at is None:
+        return None
+    return key.deactivated_at + timedelta(hours=settings.RUNTIME_KEY_REACTIVATION_HOURS)
+
+
+def runtime_key_reactivate(*, key: RuntimeKey, admin: User) -> bool:
+    """An admin undoes a deactivation within the grace period: the key authenticates again
+    from the next request. Returns whether it changed (a guarded UPDATE: the key must still
+    be deactivated, and recently enough, when the row is written)."""
+    require_role(admin, key.tenant_id, Membership.Role.ADMIN)
+    grace = timedelta(hours=settings.RUNTIME_KEY_REACTIVATION_HOURS)
+    with transaction.atomic():
+        changed = RuntimeKey.objects.filter(
+            pk=key.pk, is_active=False, deactivated_at__gt=timezone.now() - grace
+        ).update(is_active=True, deactivated_at=None)
+        if changed:
+            audit_record(
+                kind=AuditKind.RUNTIME_KEY_REACTIVATED,
+                tenant=key.tenant_id,
+                actor=username_of(admin),
+                decision=EventDecision.REACTIVATED,
                 data={"key_id": key.pk, "name": key.name, "prefix": key.prefix},
             )
     return bool(changed)

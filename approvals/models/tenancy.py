@@ -62,6 +62,9 @@ class RuntimeKey(models.Model):
     prefix = models.CharField(max_length=16)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When an admin last deactivated it: within RUNTIME_KEY_REACTIVATION_HOURS it can be
+    # reactivated. Null for an active key and for keys deactivated before this was kept.
+    deactivated_at = models.DateTimeField(null=True, blank=True)
     # When the key last authenticated an API call, to the minute: written only when the
     # stored value is a minute old (``approvals.access.runtime_keys.runtime_key_authenticate``).
     last_used_at = models.DateTimeField(null=True, blank=True)

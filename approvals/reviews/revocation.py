@@ -45,15 +45,23 @@ def approvals_revoke(
 
 
 def approvals_revoke_ids(
-    *, approvals: QuerySet[Approval], actor: str, reason: str, batch: str = ""
+    *,
+    approvals: QuerySet[Approval],
+    actor: str,
+    reason: str,
+    batch: str = "",
+    described: str = "",
 ) -> list[int]:
     """``approvals_revoke``, returning the ids it revoked. ``batch`` (a bulk revocation's
-    id) goes into each ``approval.revoked`` event, so the events of one decision can be
-    found together."""
+    id) and ``described`` (its filters in words) go into each ``approval.revoked`` event,
+    so the events of one decision can be found together and listed with what chose them."""
     reason = (reason or "").strip()
     if not reason:
         raise InputError("reason_required", "Say why the approvals are revoked.", "reason")
-    data = {"reason": reason, **({"batch": batch} if batch else {})}
+    data = {
+        "reason": reason,
+        **({"batch": batch, "filter": described} if batch else {}),
+    }
     with transaction.atomic():
         targets = list(
             approvals_revocable_of(approvals)
@@ -86,7 +94,12 @@ def approvals_revoke_ids(
 
 
 def approvals_revoke_by_admin(
-    *, approvals: QuerySet[Approval], admin: User, reason: str, batch: str = ""
+    *,
+    approvals: QuerySet[Approval],
+    admin: User,
+    reason: str,
+    batch: str = "",
+    described: str = "",
 ) -> list[int]:
     """A bulk revocation from the console: only approvals of tenants where ``admin`` is an
     admin are touched, whatever ``approvals`` holds. Returns the ids revoked."""
@@ -100,6 +113,7 @@ def approvals_revoke_by_admin(
         actor=username_of(admin),
         reason=reason,
         batch=batch,
+        described=described,
     )
 
 

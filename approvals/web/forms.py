@@ -13,6 +13,9 @@ from approvals.vocabulary import PanelState
 DIGEST_VALIDATOR = RegexValidator(r"^[0-9a-f]{64}$", "Not a SHA-256 hex digest.")
 
 STATE_ALL = "all"
+# The consumed occurrences whose approval the reader gave and whose effect failed, is
+# unknown or was interrupted.
+STATE_WENT_WRONG = "went_wrong"
 STATE_CHOICES = [
     (Occurrence.Status.PENDING_REVIEW.value, "Pending review"),
     (Occurrence.Status.APPROVED.value, "Approved"),
@@ -22,6 +25,7 @@ STATE_CHOICES = [
     (Occurrence.Status.EXPIRED.value, "Expired"),
     (Occurrence.Status.AUTO_ADMITTED.value, "Auto-admitted"),
     (STATE_ALL, "All states"),
+    (STATE_WENT_WRONG, "My approvals that went wrong"),
 ]
 
 
@@ -74,6 +78,8 @@ class EditForm(forms.Form):
         error_messages={"required": "Enter the arguments as a JSON object."},
     )
     action_digest = forms.CharField(max_length=64, validators=[DIGEST_VALIDATOR])
+    # Sent by the form that said, plainly, that saving withdraws the issued approval.
+    withdraw_approval = forms.BooleanField(required=False)
 
 
 class TenantSwitchForm(forms.Form):

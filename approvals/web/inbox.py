@@ -11,9 +11,11 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.models import Occurrence
 from approvals.reviews.selectors import inbox_tools
 from approvals.web.forms import (
     STATE_ALL,
+    STATE_WENT_WRONG,
     InboxFilterForm,
     TenantSwitchForm,
 )
@@ -48,10 +50,12 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
+    went_wrong = state == STATE_WENT_WRONG
     query = InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
-        status="" if state == STATE_ALL else state,
+        status=(Occurrence.Status.CLAIMED if went_wrong else ("" if state == STATE_ALL else state)),
+        went_wrong_for=request.user.pk if went_wrong else None,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
     total, last_change = inbox_total(query)

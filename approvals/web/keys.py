@@ -1,12 +1,14 @@
-"""Admins' runtime keys page (``/operations/keys/``): create a key (shown once) and
-deactivate one."""
+"""Admins' runtime keys page (``/manage/keys/``): create a key (shown once), deactivate
+one after a confirmation that names it, and reactivate it within the grace period."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
@@ -14,18 +16,24 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from approvals.access.encryption import Purpose, secret_decrypt, secret_encrypt
-from approvals.access.runtime_keys import runtime_key_deactivate, runtime_key_issue
+from approvals.access.runtime_keys import (
+    runtime_key_deactivate,
+    runtime_key_issue,
+    runtime_key_reactivate,
+    runtime_key_reactivation_until,
+)
 from approvals.errors import InputError, ServiceError
 from approvals.models import RuntimeKey, Tenant
-from approvals.web.shell import AdminScope, admin_scope, age, console_login_required
+from approvals.web.shell import AdminScope, admin_scope, age, console_login_required, duration
 
 TEMPLATE_KEYS = "approvals/keys.html"
 
 
 TEMPLATE_KEY_CREATED = "approvals/keys_created.html"
+TEMPLATE_KEY_DEACTIVATE = "approvals/keys_deactivate.html"
 
 # The session entry that carries a new key, encrypted, from the POST to the one page that
 # shows it, for at most this long.
@@ -65,6 +73,8 @@ class KeyCreateForm(forms.Form):
 class KeyRow:
     key: RuntimeKey
     last_used: str
+    # Until when a deactivated key can be reactivated (None: it cannot).
+    reactivable_until: datetime | None = None
 
 
 def _render_keys(
@@ -76,13 +86,21 @@ def _render_keys(
         .select_related("tenant")
         .order_by("tenant__name", "-is_active", "name")
     )
-    rows = [
-        KeyRow(key, age(key.last_used_at, now) if key.last_used_at else "never") for key in keys
-    ]
+    rows = []
+    for key in keys:
+        until = runtime_key_reactivation_until(key)
+        rows.append(
+            KeyRow(
+                key,
+                age(key.last_used_at, now) if key.last_used_at else "never",
+                until if until is not None and until > now else None,
+            )
+        )
     context = scope.context(
         "keys",
         rows=rows,
         active_count=sum(1 for row in rows if row.key.is_active),
+        grace=duration(settings.RUNTIME_KEY_REACTIVATION_HOURS * 3600),
         form=form or KeyCreateForm(scope=scope),
     )
     return render(scope.request, TEMPLATE_KEYS, context, status=status)
@@ -153,10 +171,7 @@ def key_created(request: HttpRequest, key_id: int) -> HttpResponse:
     return response
 
 
-@require_POST
-@console_login_required
-def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
-    scope = admin_scope(request)
+def _key_of(scope: AdminScope, key_id: int) -> RuntimeKey:
     key = (
         RuntimeKey.objects.filter(pk=key_id, tenant_id__in=scope.tenant_ids)
         .select_related("tenant")
@@ -164,6 +179,30 @@ def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
     )
     if key is None:
         raise Http404("No such runtime key in your tenants.")
+    return key
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
+    """GET asks for confirmation, naming the key and its last use (one click on the list
+    deactivated a key in use); POST deactivates it."""
+    scope = admin_scope(request)
+    key = _key_of(scope, key_id)
+    if request.method == "GET":
+        if not key.is_active:
+            messages.info(
+                request, f"Runtime key {key.name} ({key.prefix}…) is already deactivated."
+            )
+            return redirect("approvals:keys")
+        now = timezone.now()
+        context = scope.context(
+            "keys",
+            key=key,
+            last_used=age(key.last_used_at, now) if key.last_used_at else "",
+            grace=duration(settings.RUNTIME_KEY_REACTIVATION_HOURS * 3600),
+        )
+        return render(request, TEMPLATE_KEY_DEACTIVATE, context)
     try:
         changed = runtime_key_deactivate(key=key, admin=request.user)
     except ServiceError as exc:
@@ -172,8 +211,37 @@ def key_deactivate(request: HttpRequest, key_id: int) -> HttpResponse:
         messages.success(
             request,
             f"Deactivated runtime key {key.name} ({key.prefix}…) of {key.tenant.name}. "
-            "The API now refuses it (401).",
+            "The API now refuses it (401). You can reactivate it from this list for "
+            f"{duration(settings.RUNTIME_KEY_REACTIVATION_HOURS * 3600)}.",
         )
     else:
         messages.info(request, f"Runtime key {key.name} ({key.prefix}…) was already deactivated.")
+    return redirect("approvals:keys")
+
+
+@require_POST
+@console_login_required
+def key_reactivate(request: HttpRequest, key_id: int) -> HttpResponse:
+    """Undo a deactivation within the grace period; after it, the key stays deactivated."""
+    scope = admin_scope(request)
+    key = _key_of(scope, key_id)
+    try:
+        changed = runtime_key_reactivate(key=key, admin=request.user)
+    except ServiceError as exc:
+        raise PermissionDenied(exc.message) from exc
+    if changed:
+        messages.success(
+            request,
+            f"Reactivated runtime key {key.name} ({key.prefix}…) of {key.tenant.name}. "
+            "The API accepts it again.",
+        )
+    elif key.is_active:
+        messages.info(request, f"Runtime key {key.name} ({key.prefix}…) is active already.")
+    else:
+        messages.error(
+            request,
+            f"Runtime key {key.name} ({key.prefix}…) was deactivated more than "
+            f"{duration(settings.RUNTIME_KEY_REACTIVATION_HOURS * 3600)} ago and cannot be "
+            "reactivated: create a new key for the runtime.",
+        )
     return redirect("approvals:keys")

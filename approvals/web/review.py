@@ -336,6 +336,18 @@ def edit(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
         errors = [str(e) for field_errors in form.errors.values() for e in field_errors]
         return _render_review(opened, edit_form=form, edit_errors=errors, status=422)
     seen = form.cleaned_data["action_digest"]
+    if (
+        opened.occurrence.status == Occurrence.Status.APPROVED
+        and not form.cleaned_data["withdraw_approval"]
+    ):
+        # The service lets an edit supersede an unclaimed approval; a reviewer does so only
+        # from the form that says it (approved since this page was opened: not that one).
+        errors = [
+            "This request was approved since you opened the page: saving would withdraw "
+            "that approval. Nothing was saved. Your text is kept below, in the form that "
+            "withdraws the approval; save there if that is what you mean."
+        ]
+        return _render_review(opened, edit_form=form, edit_errors=errors, status=409)
     try:
         arguments = parse_json(form.cleaned_data["arguments"].encode("utf-8"))
         proposal = proposal_edit(

@@ -1,4 +1,4 @@
-"""Admins' revocation pages (``/operations/revocations/``): filter and preview the approvals
+"""Admins' revocation pages (``/manage/revocations/``): filter and preview the approvals
 a bulk revocation would revoke, revoke them as one batch, read a batch back, and revoke
 one approval by its fingerprint."""
 
@@ -196,6 +196,14 @@ def _filter_form(scope: AdminScope, data: Any) -> RevocationFilterForm:
         approvers=_approver_names(scope.tenant_ids),
         keys=keys,
     )
+
+
+def _keys_of(scope: AdminScope, filters: RevocationFilter) -> dict[int, RuntimeKey]:
+    """The runtime key a filter names, if the admin's tenants hold it."""
+    keys = RuntimeKey.objects.filter(
+        pk__in=[filters.runtime_key_id], tenant_id__in=scope.tenant_ids
+    )
+    return {key.pk: key for key in keys}
 
 
 def _describe(filters: RevocationFilter, keys: dict[int, RuntimeKey]) -> list[str]:
@@ -425,6 +433,7 @@ def revocations_revoke(request: HttpRequest) -> HttpResponse:
             admin=request.user,
             reason=form.cleaned_data["reason"],
             batch=batch_id.hex,
+            described=" · ".join(_describe(filters, _keys_of(scope, filters))) or "all",
         )
     except ServiceError as exc:
         raise PermissionDenied(exc.message) from exc
@@ -483,12 +492,7 @@ def revocations_batch(request: HttpRequest, batch_id: uuid.UUID) -> HttpResponse
     filters = _filters_from(record["filters"])
     tenant_ids = [t for t in record["tenants"] if t in scope.tenant_ids]
     newer = approvals_revocable(tenant_ids=tenant_ids, filters=filters).count()
-    keys = {
-        key.pk: key
-        for key in RuntimeKey.objects.filter(
-            pk__in=[filters.runtime_key_id], tenant_id__in=scope.tenant_ids
-        )
-    }
+    keys = _keys_of(scope, filters)
     context = scope.context(
         "revocations",
         batch_id=batch_id.hex,

@@ -194,7 +194,7 @@ def test_the_operations_pages_link_it_and_the_admin_pages_for_who_may_use_them(
         assert 'href="/account/tokens/"' not in signed_in(ops_only).get(page).content.decode()
         admin_html = signed_in(ops_admin).get(page).content.decode()
         assert 'href="/account/tokens/"' in admin_html, page  # their members' tokens
-        assert 'href="/operations/revocations/"' in admin_html, page
+        assert 'href="/manage/revocations/"' in admin_html, page
 
 
 # --- a tenant admin and the members' tokens (issue 23) ------------------------------------

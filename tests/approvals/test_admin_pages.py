@@ -109,12 +109,12 @@ def states(occurrences: dict[str, str]) -> dict[str, str]:
 
 # --- who may open what --------------------------------------------------------------------
 
-PAGES = ["/operations/revocations/", "/operations/keys/", "/operations/credentials/"]
+PAGES = ["/manage/revocations/", "/manage/keys/", "/manage/credentials/"]
 POSTS = [
-    "/operations/revocations/revoke",
-    "/operations/revocations/fingerprint",
-    "/operations/keys/create",
-    "/operations/credentials/",
+    "/manage/revocations/revoke",
+    "/manage/revocations/fingerprint",
+    "/manage/keys/create",
+    "/manage/credentials/",
 ]
 
 
@@ -126,7 +126,7 @@ def test_reviewers_and_operators_get_403_everywhere(tenant: Tenant, role: str) -
     for url in POSTS:
         assert client.post(url, {"reason": "x", "name": "k"}).status_code == 403, url
     key = make_runtime(tenant, "victim").key
-    assert client.post(f"/operations/keys/{key.pk}/deactivate").status_code == 403
+    assert client.post(f"/manage/keys/{key.pk}/deactivate").status_code == 403
     assert RuntimeKey.objects.get(pk=key.pk).is_active
 
 
@@ -139,30 +139,30 @@ def test_signed_out_people_are_sent_to_sign_in(db: Any) -> None:
 
 def test_admin_pages_open_for_an_admin_with_the_admin_link_and_no_inline_code(ada: Any) -> None:
     client = signed_in(ada)
-    for url in [*PAGES, "/operations/revocations/?preview=1"]:
+    for url in [*PAGES, "/manage/revocations/?preview=1"]:
         response = client.get(url)
         assert response.status_code == 200, url
         page = parse(response)
         assert inline_code(page) == [], url
-        assert page.find_all("a", href="/operations/revocations/"), "the Admin link"
+        assert page.find_all("a", href="/manage/revocations/"), "the Admin link"
 
 
 def test_the_admin_link_is_only_for_admins(reviewer: Any) -> None:
     page = parse(signed_in(reviewer).get("/reviews/"))
-    assert not page.find_all("a", href="/operations/revocations/")
+    assert not page.find_all("a", href="/manage/revocations/")
 
 
 def test_forms_need_the_csrf_token(ada: Any, issued: dict[str, str]) -> None:
     client = signed_in(ada, enforce_csrf_checks=True)
-    page = parse(client.get("/operations/revocations/?preview=1"))
+    page = parse(client.get("/manage/revocations/?preview=1"))
     key = RuntimeKey.objects.filter(tenant__slug="acme").first()
     assert key is not None
     for url, data in [
-        ("/operations/revocations/revoke", {"batch": batch_of(page), "reason": "x"}),
-        ("/operations/revocations/fingerprint", {"fingerprint": "abc", "reason": "x"}),
-        ("/operations/keys/create", {"name": "sneaky"}),
-        (f"/operations/keys/{key.pk}/deactivate", {}),
-        ("/operations/credentials/", {"tenant": "acme", "adapter": "payments", "secret": "s"}),
+        ("/manage/revocations/revoke", {"batch": batch_of(page), "reason": "x"}),
+        ("/manage/revocations/fingerprint", {"fingerprint": "abc", "reason": "x"}),
+        ("/manage/keys/create", {"name": "sneaky"}),
+        (f"/manage/keys/{key.pk}/deactivate", {}),
+        ("/manage/credentials/", {"tenant": "acme", "adapter": "payments", "secret": "s"}),
     ]:
         assert client.post(url, data).status_code == 403, url
     assert set(states(issued).values()) == {"issued"}
@@ -172,9 +172,9 @@ def test_forms_need_the_csrf_token(ada: Any, issued: dict[str, str]) -> None:
 
 def test_the_pages_are_get_only_and_actions_post_only(ada: Any) -> None:
     client = signed_in(ada)
-    assert client.post("/operations/revocations/").status_code == 405
-    assert client.get("/operations/revocations/revoke").status_code == 405
-    assert client.get("/operations/keys/create").status_code == 405
+    assert client.post("/manage/revocations/").status_code == 405
+    assert client.get("/manage/revocations/revoke").status_code == 405
+    assert client.get("/manage/keys/create").status_code == 405
 
 
 # --- the preview ------------------------------------------------------------------------------
@@ -186,34 +186,34 @@ def test_the_preview_counts_and_lists_what_the_filters_select(
     client = signed_in(ada)
     ids = {name: approval_of(pk).pk for name, pk in issued.items()}
 
-    everything = parse(client.get("/operations/revocations/?preview=1"))
+    everything = parse(client.get("/manage/revocations/?preview=1"))
     assert row_ids(everything) == {ids["refund"], ids["batch_refund"], ids["message"]}
     assert "3" in everything.text("preview-count")
 
-    by_tool = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
+    by_tool = parse(client.get("/manage/revocations/?preview=1&tool=issue_refund"))
     assert row_ids(by_tool) == {ids["refund"], ids["batch_refund"]}
     assert "Revoke 2 approvals" in by_tool.text("confirm-button")
 
-    by_approver = parse(client.get("/operations/revocations/?preview=1&approver=ravi"))
+    by_approver = parse(client.get("/manage/revocations/?preview=1&approver=ravi"))
     assert row_ids(by_approver) == {ids["message"]}
     assert "Revoke 1 approval" in by_approver.text("confirm-button")
 
     key = second_key.key.pk
-    by_key = parse(client.get(f"/operations/revocations/?preview=1&runtime_key={key}"))
+    by_key = parse(client.get(f"/manage/revocations/?preview=1&runtime_key={key}"))
     assert row_ids(by_key) == {ids["batch_refund"]}
 
     Approval.objects.filter(pk=ids["refund"]).update(
         issued_at=timezone.now() - timedelta(minutes=5)
     )
     before = (timezone.now() - timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M")
-    by_time = parse(client.get(f"/operations/revocations/?preview=1&issued_before={before}"))
+    by_time = parse(client.get(f"/manage/revocations/?preview=1&issued_before={before}"))
     assert row_ids(by_time) == {ids["refund"]}
     assert set(states(issued).values()) == {"issued"}, "a preview revokes nothing"
 
 
 def test_the_preview_shows_each_approval_for_people(ada: Any, issued: dict[str, str]) -> None:
     approval = approval_of(issued["batch_refund"])
-    page = parse(signed_in(ada).get("/operations/revocations/?preview=1&tool=issue_refund"))
+    page = parse(signed_in(ada).get("/manage/revocations/?preview=1&tool=issue_refund"))
     source = page.source
     assert "EUR 499.00" in source and "EUR 12.50" in source
     assert "batch-agent" in source and "rita" in source
@@ -232,26 +232,26 @@ def test_consumed_expired_and_revoked_approvals_are_never_previewed(
     Approval.objects.filter(occurrence_id=issued["message"]).update(
         expires_at=timezone.now() - timedelta(hours=1), issued_at=timezone.now() - timedelta(1)
     )
-    page = parse(signed_in(ada).get("/operations/revocations/?preview=1"))
+    page = parse(signed_in(ada).get("/manage/revocations/?preview=1"))
     assert row_ids(page) == {approval_of(issued["batch_refund"]).pk}
 
 
 def test_an_admin_never_previews_another_tenants_approvals(
     gil: Any, issued: dict[str, str]
 ) -> None:
-    page = parse(signed_in(gil).get("/operations/revocations/?preview=1"))
+    page = parse(signed_in(gil).get("/manage/revocations/?preview=1"))
     assert row_ids(page) == {approval_of(issued["theirs"]).pk}
     # Another tenant's key as a filter is not a choice.
     acme_key = RuntimeKey.objects.filter(tenant__slug="acme").first()
     assert acme_key is not None
-    response = signed_in(gil).get(f"/operations/revocations/?preview=1&runtime_key={acme_key.pk}")
+    response = signed_in(gil).get(f"/manage/revocations/?preview=1&runtime_key={acme_key.pk}")
     assert response.status_code == 200
     assert row_ids(parse(response)) == set()
     assert "not one of the available choices" in response.content.decode()
 
 
 def test_an_invalid_time_is_an_error_not_an_empty_preview(ada: Any, issued: dict[str, str]) -> None:
-    page = parse(signed_in(ada).get("/operations/revocations/?preview=1&issued_before=yesterday"))
+    page = parse(signed_in(ada).get("/manage/revocations/?preview=1&issued_before=yesterday"))
     assert not page.has("preview")
     assert "YYYY-MM-DD HH:MM" in page.source
 
@@ -263,18 +263,18 @@ def test_confirmation_revokes_exactly_the_previewed_approvals(
     ada: Any, issued: dict[str, str], runtime: Runtime, reviewer: Any
 ) -> None:
     client = signed_in(ada)
-    preview = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
+    preview = parse(client.get("/manage/revocations/?preview=1&tool=issue_refund"))
     token = runtime.token(issued["refund"]).json()["token"]
     # Issued after the preview, matching its filters: not part of what the admin saw.
     later = issue(runtime, reviewer, **refund(700, "pay_late"))
 
     response = client.post(
-        "/operations/revocations/revoke",
+        "/manage/revocations/revoke",
         {"batch": batch_of(preview), "reason": "Compromised agent run"},
     )
 
     assert response.status_code == 302
-    assert response["Location"].startswith("/operations/revocations/batches/")
+    assert response["Location"].startswith("/manage/revocations/batches/")
     assert states(issued) == {
         "refund": "revoked",
         "batch_refund": "revoked",
@@ -309,13 +309,13 @@ def test_a_previewed_approval_consumed_before_confirmation_is_left_and_explained
     ada: Any, issued: dict[str, str], runtime: Runtime
 ) -> None:
     client = signed_in(ada)
-    preview = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
+    preview = parse(client.get("/manage/revocations/?preview=1&tool=issue_refund"))
     token = runtime.token(issued["refund"]).json()["token"]
     claim = runtime.claim(token, "exec-9", arguments=refund(1250, "pay_a"))
     command = Command.objects.get(pk=claim.json()["command_id"])
 
     response = client.post(
-        "/operations/revocations/revoke", {"batch": batch_of(preview), "reason": "incident"}
+        "/manage/revocations/revoke", {"batch": batch_of(preview), "reason": "incident"}
     )
 
     assert states(issued)["refund"] == "consumed"
@@ -332,9 +332,9 @@ def test_confirmation_needs_a_reason_and_keeps_the_preview(
     ada: Any, issued: dict[str, str]
 ) -> None:
     client = signed_in(ada)
-    preview = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
+    preview = parse(client.get("/manage/revocations/?preview=1&tool=issue_refund"))
 
-    response = client.post("/operations/revocations/revoke", {"batch": batch_of(preview)})
+    response = client.post("/manage/revocations/revoke", {"batch": batch_of(preview)})
 
     assert response.status_code == 422
     page = parse(response)
@@ -351,7 +351,7 @@ def test_a_forged_or_foreign_confirmation_revokes_nothing(
     acme = Tenant.objects.get(slug="acme")
     # Not signed by the console.
     forged = signed_in(gil).post(
-        "/operations/revocations/revoke", {"batch": "x" * 40, "reason": "mine now"}
+        "/manage/revocations/revoke", {"batch": "x" * 40, "reason": "mine now"}
     )
     assert forged.status_code == 400
     # Signed (as if a preview had listed acme's approvals) for an admin of globex only.
@@ -364,12 +364,12 @@ def test_a_forged_or_foreign_confirmation_revokes_nothing(
     }
     batch = signing.dumps(payload, salt=BATCH_SALT, compress=True)
     response = signed_in(gil).post(
-        "/operations/revocations/revoke", {"batch": batch, "reason": "mine now"}
+        "/manage/revocations/revoke", {"batch": batch, "reason": "mine now"}
     )
     assert response.status_code == 302
     # Another person's confirmation is refused.
     stolen = signed_in(ada).post(
-        "/operations/revocations/revoke", {"batch": batch, "reason": "not mine"}
+        "/manage/revocations/revoke", {"batch": batch, "reason": "not mine"}
     )
     assert stolen.status_code == 400
     assert set(states(issued).values()) == {"issued"}
@@ -379,15 +379,15 @@ def test_an_old_preview_is_refused(
     ada: Any, issued: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client = signed_in(ada)
-    preview = parse(client.get("/operations/revocations/?preview=1&tool=issue_refund"))
+    preview = parse(client.get("/manage/revocations/?preview=1&tool=issue_refund"))
     monkeypatch.setattr(revocations, "PREVIEW_MAX_AGE", -1)
 
     response = client.post(
-        "/operations/revocations/revoke", {"batch": batch_of(preview), "reason": "late"}
+        "/manage/revocations/revoke", {"batch": batch_of(preview), "reason": "late"}
     )
 
     assert response.status_code == 302
-    assert response["Location"] == "/operations/revocations/?preview=1&tool=issue_refund"
+    assert response["Location"] == "/manage/revocations/?preview=1&tool=issue_refund"
     assert set(states(issued).values()) == {"issued"}
 
 
@@ -397,7 +397,7 @@ def test_preview_queries_do_not_grow_with_rows(
     client = signed_in(ada)
     for n in range(3):
         issue(runtime, reviewer, **refund(100 + n, f"pay_few_{n}"))
-    url = "/operations/revocations/?preview=1"
+    url = "/manage/revocations/?preview=1"
     with CaptureQueriesContext(connection) as captured:
         assert client.get(url).status_code == 200
     few = len(captured.captured_queries)  # now: the next request clears the log
@@ -416,9 +416,9 @@ def test_result_page_queries_do_not_grow_with_rows(
     client = signed_in(ada)
 
     def revoke_all() -> str:
-        page = parse(client.get("/operations/revocations/?preview=1"))
+        page = parse(client.get("/manage/revocations/?preview=1"))
         response = client.post(
-            "/operations/revocations/revoke", {"batch": batch_of(page), "reason": "r"}
+            "/manage/revocations/revoke", {"batch": batch_of(page), "reason": "r"}
         )
         return str(response["Location"])
 
@@ -447,7 +447,7 @@ def test_revoke_by_fingerprint(ada: Any, issued: dict[str, str], runtime: Runtim
     client = signed_in(ada)
 
     response = client.post(
-        "/operations/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "leaked"}
+        "/manage/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "leaked"}
     )
 
     assert response.status_code == 302
@@ -466,7 +466,7 @@ def test_revoke_by_the_fingerprint_of_a_token_a_redelivery_retired(
     assert approval_of(issued["refund"]).fingerprint != retired
 
     response = signed_in(ada).post(
-        "/operations/revocations/fingerprint", {"fingerprint": retired, "reason": "leaked log"}
+        "/manage/revocations/fingerprint", {"fingerprint": retired, "reason": "leaked log"}
     )
 
     assert response.status_code == 302
@@ -485,7 +485,7 @@ def test_revoking_a_consumed_approval_is_refused_naming_its_command_and_effect(
     fingerprint = approval_of(issued["refund"]).fingerprint
 
     response = signed_in(ada).post(
-        "/operations/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "late"}
+        "/manage/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "late"}
     )
 
     assert response.status_code == 409
@@ -505,7 +505,7 @@ def test_another_tenants_fingerprint_is_no_approval(
     fingerprint = approval_of(issued["refund"]).fingerprint
 
     response = signed_in(gil).post(
-        "/operations/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "x"}
+        "/manage/revocations/fingerprint", {"fingerprint": fingerprint, "reason": "x"}
     )
 
     assert response.status_code == 404
@@ -525,12 +525,12 @@ def test_the_review_pages_single_revoke_still_works(ada: Any, issued: dict[str, 
 def test_a_created_key_is_shown_once_and_never_again(ada: Any, tenant: Tenant) -> None:
     client = signed_in(ada)
 
-    created = client.post("/operations/keys/create", {"name": "night-shift"})
+    created = client.post("/manage/keys/create", {"name": "night-shift"})
 
     # Post/redirect/get: reloading the page that shows the key never creates another.
     key = RuntimeKey.objects.get(name="night-shift")
     assert created.status_code == 302
-    assert created["Location"] == f"/operations/keys/{key.pk}/created"
+    assert created["Location"] == f"/manage/keys/{key.pk}/created"
     # Across the redirect the session holds the key encrypted, never in the clear.
     in_session = str(dict(client.session))
     response = client.get(created["Location"])
@@ -542,7 +542,7 @@ def test_a_created_key_is_shown_once_and_never_again(ada: Any, tenant: Tenant) -
     assert raw.startswith(key.prefix) and len(raw) > 30
     assert page.source.count(raw) == 1
     assert key.tenant == tenant
-    listing = client.get("/operations/keys/").content.decode()
+    listing = client.get("/manage/keys/").content.decode()
     assert "night-shift" in listing and key.prefix in listing
     assert raw not in listing
     assert raw not in str(dict(client.session))
@@ -561,23 +561,23 @@ def test_a_created_key_is_shown_once_and_never_again(ada: Any, tenant: Tenant) -
 
 def test_creating_a_key_refuses_a_taken_or_empty_name(ada: Any, runtime: Runtime) -> None:
     client = signed_in(ada)
-    taken = client.post("/operations/keys/create", {"name": runtime.key.name})
+    taken = client.post("/manage/keys/create", {"name": runtime.key.name})
     assert taken.status_code == 422
     assert "already has a runtime key named" in taken.content.decode()
-    empty = client.post("/operations/keys/create", {"name": "   "})
+    empty = client.post("/manage/keys/create", {"name": "   "})
     assert empty.status_code == 422
     assert RuntimeKey.objects.count() == 1
 
 
 def test_the_key_list_shows_prefix_name_and_last_use(ada: Any, runtime: Runtime) -> None:
     client = signed_in(ada)
-    assert "never" in client.get("/operations/keys/").content.decode()
+    assert "never" in client.get("/manage/keys/").content.decode()
 
     runtime.propose()
 
     key = RuntimeKey.objects.get(pk=runtime.key.pk)
     assert key.last_used_at is not None
-    listing = client.get("/operations/keys/").content.decode()
+    listing = client.get("/manage/keys/").content.decode()
     assert runtime.key.prefix in listing and runtime.key.name in listing
     assert "just now" in listing
 
@@ -603,7 +603,7 @@ def test_a_deactivated_key_gets_401_and_the_deactivation_is_audited(
     assert runtime.get("/api/v1/audit/events").status_code == 200
     client = signed_in(ada)
 
-    response = client.post(f"/operations/keys/{runtime.key.pk}/deactivate")
+    response = client.post(f"/manage/keys/{runtime.key.pk}/deactivate")
 
     assert response.status_code == 302
     assert runtime.get("/api/v1/audit/events").status_code == 401
@@ -612,7 +612,7 @@ def test_a_deactivated_key_gets_401_and_the_deactivation_is_audited(
     assert event.actor == "ada" and event.data["name"] == runtime.key.name
     assert "Deactivated runtime key" in client.get(response["Location"]).content.decode()
     # Twice: nothing more is recorded.
-    client.post(f"/operations/keys/{runtime.key.pk}/deactivate")
+    client.post(f"/manage/keys/{runtime.key.pk}/deactivate")
     assert AuditEvent.objects.filter(kind="runtime_key.deactivated").count() == 1
 
 
@@ -620,13 +620,13 @@ def test_another_tenants_key_cannot_be_seen_or_deactivated(
     gil: Any, runtime: Runtime, other_runtime: Runtime
 ) -> None:
     client = signed_in(gil)
-    page = parse(client.get("/operations/keys/"))
+    page = parse(client.get("/manage/keys/"))
     assert {t.attrs["data-key-id"] for t in page.find_all("tr") if "data-key-id" in t.attrs} == {
         str(other_runtime.key.pk)
     }
     assert runtime.key.prefix not in page.source
 
-    response = client.post(f"/operations/keys/{runtime.key.pk}/deactivate")
+    response = client.post(f"/manage/keys/{runtime.key.pk}/deactivate")
 
     assert response.status_code == 404
     assert RuntimeKey.objects.get(pk=runtime.key.pk).is_active
@@ -638,12 +638,12 @@ def test_keys_page_queries_do_not_grow_with_keys(
     client = signed_in(ada)
     make_runtime(tenant, "k0")
     with CaptureQueriesContext(connection) as captured:
-        assert client.get("/operations/keys/").status_code == 200
+        assert client.get("/manage/keys/").status_code == 200
     few = len(captured.captured_queries)
     for n in range(1, 20):
         make_runtime(tenant, f"k{n}")
     with django_assert_max_num_queries(few):
-        response = client.get("/operations/keys/")
+        response = client.get("/manage/keys/")
     # A redirect or an error page would pass the budget: the keys must be on it.
     assert response.status_code == 200
     assert response.content.decode().count('data-key-id="') == 20
@@ -656,13 +656,13 @@ def test_the_credential_page_never_shows_the_secret(ada: Any, tenant: Tenant) ->
     client = signed_in(ada)
 
     response = client.post(
-        "/operations/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
+        "/manage/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
     )
 
     assert response.status_code == 302
     assert credential_for(tenant_id=tenant.pk, adapter="payments") == SECRET
     assert SECRET not in AdapterCredential.objects.get().secret_encrypted
-    page = client.get("/operations/credentials/")
+    page = client.get("/manage/credentials/")
     html = page.content.decode()
     assert SECRET not in html
     assert "Saved the new payments credential of Acme" in html
@@ -675,7 +675,7 @@ def test_the_credential_page_never_shows_the_secret(ada: Any, tenant: Tenant) ->
 
 def test_a_refused_credential_form_does_not_echo_the_secret(ada: Any) -> None:
     response = signed_in(ada).post(
-        "/operations/credentials/", {"tenant": "acme", "adapter": "nope", "secret": SECRET}
+        "/manage/credentials/", {"tenant": "acme", "adapter": "nope", "secret": SECRET}
     )
     assert response.status_code == 422
     assert SECRET not in response.content.decode()
@@ -702,10 +702,10 @@ def test_replacing_a_credential_says_what_the_interrupted_commands_got(
         )
         commands.append(command)
     client = signed_in(ada)
-    assert "2 commands" in client.get("/operations/credentials/").content.decode()
+    assert "2 commands" in client.get("/manage/credentials/").content.decode()
 
     response = client.post(
-        "/operations/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
+        "/manage/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
     )
 
     html = client.get(response["Location"]).content.decode()
@@ -714,10 +714,10 @@ def test_replacing_a_credential_says_what_the_interrupted_commands_got(
 
 def test_another_tenants_credentials_cannot_be_replaced(gil: Any, tenant: Tenant) -> None:
     client = signed_in(gil)
-    assert "Acme" not in client.get("/operations/credentials/").content.decode()
+    assert "Acme" not in client.get("/manage/credentials/").content.decode()
 
     response = client.post(
-        "/operations/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
+        "/manage/credentials/", {"tenant": "acme", "adapter": "payments", "secret": SECRET}
     )
 
     assert response.status_code == 403

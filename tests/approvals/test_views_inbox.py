@@ -339,14 +339,15 @@ def test_a_claimed_request_is_consumed_on_every_page(runtime: Runtime, reviewer:
     inbox = client.get("/reviews/?state=claimed").content.decode()
     review = client.get(f"/reviews/{occurrence_id}/").content.decode()
 
-    assert re.search(r'class="badge badge--claimed">Consumed<', inbox), inbox
+    # Beside the decision, its effect: nothing was sent yet (no worker ran here).
+    assert re.search(r'class="badge badge--command-pending">Consumed · not sent<', inbox), inbox
     assert '<option value="claimed" selected>Consumed</option>' in inbox  # the filter
     assert "Claimed" not in inbox and "Claimed" not in review
     assert "Consumed" in review
     # The page's word filters too: the same list, the same option chosen.
     by_word = client.get("/reviews/?state=consumed").content.decode()
     assert '<option value="claimed" selected>Consumed</option>' in by_word
-    assert re.search(r'class="badge badge--claimed">Consumed<', by_word), by_word
+    assert re.search(r'class="badge badge--command-pending">Consumed · not sent<', by_word)
     assert "badge--pending" not in by_word
 
 

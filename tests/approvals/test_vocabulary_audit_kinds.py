@@ -40,6 +40,7 @@ KIND_LOOKUPS = re.compile(r"^kind(__(in|startswith|istartswith|exact|iexact))?$"
 STORED = {
     "runtime_key.created",
     "runtime_key.deactivated",
+    "runtime_key.reactivated",
     "reviewer_token.created",
     "reviewer_token.revoked",
     "callback.registered",
@@ -286,6 +287,7 @@ STORED_EVENT_DECISIONS = {
     "rejected",
     "auto_admitted",
     "deactivated",
+    "reactivated",
     "ignored",
     "interrupted",
     "admitted",

@@ -190,8 +190,8 @@ def test_the_reviewer_pages_in_every_state(
 
     walk.login(admin_user.username)
     walk.visit("review, issued, as an admin (revoke form)", f"/reviews/{states.issued}/")
-    walk.visit("admin: revocations", "/operations/revocations/")
-    walk.visit("admin: runtime keys", "/operations/keys/")
+    walk.visit("admin: revocations", "/manage/revocations/")
+    walk.visit("admin: runtime keys", "/manage/keys/")
     walk.assert_clean()
 
 
@@ -209,12 +209,12 @@ def test_the_operator_and_admin_pages(
     walk.visit("investigate: nothing found", "/investigations/?q=nothing-like-it")
 
     walk.login(admin_user.username)
-    walk.visit("admin: adapter credentials", "/operations/credentials/")
+    walk.visit("admin: adapter credentials", "/manage/credentials/")
     walk.visit(
-        "admin: revocations, filtered", "/operations/revocations/?tool=issue_refund&state=issued"
+        "admin: revocations, filtered", "/manage/revocations/?tool=issue_refund&state=issued"
     )
     for page in (walk.wide, walk.narrow):
-        page.goto("/operations/keys/")
+        page.goto("/manage/keys/")
         page.locator("#key-name").fill(f"axe-key-{page.viewport_size['width']}")  # type: ignore[index]
         with page.expect_navigation():
             page.locator("#key-create-form [type=submit]").click()
@@ -310,7 +310,7 @@ def test_error_pages_revocation_and_what_polls_and_clicks_swap_in(
         assert approve(propose(runtime, client_ref=f"to-revoke-{n}"), reviewer).issued
     walk.login(admin_user.username)
     for page in (walk.wide, walk.narrow):
-        page.goto("/operations/revocations/")
+        page.goto("/manage/revocations/")
         page.get_by_role("button", name="Preview").click()
         expect(page.locator("#confirm-button")).to_be_visible()
     walk.check("admin: revocation preview")

@@ -52,7 +52,7 @@ def test_an_admin_filters_previews_and_revokes_exactly_the_previewed_approvals(
     login(page, admin.username)
     page.goto("/reviews/")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Admin").click()
-    expect(page).to_have_url(re.compile(r"/operations/revocations/$"))
+    expect(page).to_have_url(re.compile(r"/manage/revocations/$"))
     expect(page.get_by_role("heading", name="Revoke approvals", level=1)).to_be_visible()
 
     page.locator("#f-tool").select_option("issue_refund")
@@ -76,7 +76,7 @@ def test_an_admin_filters_previews_and_revokes_exactly_the_previewed_approvals(
     page.locator("#confirm-reason").fill("Agent run 42 was compromised")
     confirm.click()
 
-    expect(page).to_have_url(re.compile(r"/operations/revocations/batches/[0-9a-f-]{36}/$"))
+    expect(page).to_have_url(re.compile(r"/manage/revocations/batches/[0-9a-f-]{36}/$"))
     expect(page.locator("#result-summary")).to_contain_text(
         "Revoked 2 of the 2 approvals you previewed"
     )

@@ -17,9 +17,10 @@ from approvals.models import (
     Occurrence,
 )
 from approvals.reviews.selectors import approval_state
-from approvals.web.forms import STATE_ALL, STATE_CHOICES
+from approvals.web.forms import STATE_ALL, STATE_CHOICES, STATE_WENT_WRONG
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
+from approvals.web.presenters.effects import effect_badge, effect_word
 from approvals.web.selectors.inbox import InboxFreshness
 from approvals.web.shell import age, stamp
 from approvals.web.text import ArgumentFlag, argument_flags, json_value, reveal_html
@@ -45,6 +46,15 @@ def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
             return "expired", "Expired"
         if approval.delivered_at:
             return "delivered", "Token delivered"
+    if status == Occurrence.Status.CLAIMED and approvals:
+        # Beside the decision, what the effect came to: "Consumed" alone hid a failure.
+        command_state = getattr(approvals[0], "command_state", None)
+        if command_state:
+            interrupted = bool(getattr(approvals[0], "interrupted", False))
+            word = effect_word(command_state, interrupted=interrupted)
+            return effect_badge(command_state, interrupted=interrupted), (
+                f"{Occurrence.Status.CLAIMED.label} · {word}"
+            )
     proposals = getattr(occurrence, "current_proposals", [])
     votes = getattr(proposals[0], "votes_count", 0) if proposals else 0
     if status == Occurrence.Status.PENDING_REVIEW and votes:
@@ -129,6 +139,8 @@ def inbox_list(
     filters = {"tool": tool, "state": state}
     state_label = dict(STATE_CHOICES)[state]
     counted = "requests in all states" if state == STATE_ALL else state_label.lower()
+    if state == STATE_WENT_WRONG:
+        counted = "of my approvals went wrong"
     poll_query = urlencode({**filters, "page": page, "rendered": rendered})
     return {
         "tool": tool,

@@ -28,6 +28,7 @@ from approvals.reviews.selectors import effective_approval_state
 from approvals.vocabulary import AuditKind, PanelState
 from approvals.web.jinja import render_rows
 from approvals.web.money import format_money, minor_units, money_lines
+from approvals.web.presenters.effects import effect_word
 from approvals.web.presenters.history import (
     EvidencePart,
     HistoryLink,
@@ -214,6 +215,8 @@ class DecisionPanel:
     can_decide: bool
     can_revoke: bool
     editable: bool
+    # Saving an edit now withdraws an issued approval: the page says so on the form.
+    edit_withdraws: bool
     still_needed: int
     eligible: list[str]
     rejected_by: str
@@ -263,6 +266,16 @@ def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: dat
             viewer,
         ]
     )
+
+
+def _state_label(decision: DecisionView, evidence: EffectEvidence | None) -> str:
+    """The header's word for the decision, and for a consumed approval what its command did:
+    "Consumed" alone hid an effect that failed, is unknown or was interrupted."""
+    label = PanelState(decision.state).label
+    if decision.state != PanelState.CONSUMED or decision.command is None:
+        return label
+    interrupted = evidence is not None and evidence.interruption is not None
+    return f"{label} · {effect_word(decision.command.state, interrupted=interrupted)}"
 
 
 def decision_panel(
@@ -316,7 +329,7 @@ def decision_panel(
         approval=approval,
         command=decision.command,
         effect=effect_view(decision.command, snapshot.effect) if decision.command else None,
-        state_label=PanelState(decision.state).label,
+        state_label=_state_label(decision, snapshot.effect),
         shown=shown,
         shown_is_current=shown.pk == proposal.pk,
         is_reviewer=viewer.is_reviewer,
@@ -329,6 +342,7 @@ def decision_panel(
         can_decide=can_decide,
         can_revoke=can_revoke,
         editable=editable,
+        edit_withdraws=editable and decision.state in {PanelState.ISSUED, PanelState.DELIVERED},
         still_needed=max(decision.needed - len(decision.votes), 0),
         eligible=eligible,
         rejected_by=snapshot.rejected_by,

@@ -10,19 +10,30 @@ from typing import Any
 
 from django.db.models import (
     Count,
+    Exists,
+    F,
     Max,
+    OuterRef,
     QuerySet,
+    Subquery,
 )
 
+from approvals import vocabulary
 from approvals.models import (
     Approval,
     AuditEvent,
+    Command,
     Occurrence,
     Proposal,
     Tenant,
     ToolContract,
 )
-from approvals.sql import Columns, fetch, on_postgresql, split
+from approvals.sql import Columns, fetch, on_postgresql, split, words
+from approvals.vocabulary import AuditKind
+
+# The command states that make an approval one that "went wrong" for the reviewer who gave
+# it: the call failed (an interruption is a rejected call) or nobody knows what it did.
+WENT_WRONG_STATES = (Command.State.REJECTED.value, Command.State.OUTCOME_UNKNOWN.value)
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,9 @@ class InboxQuery:
     tenant_ids: list[int]
     tool_id: int | None = None
     status: str = ""
+    # "My approvals that went wrong": only occurrences this user voted for whose command
+    # failed, is unknown or was interrupted.
+    went_wrong_for: int | None = None
 
 
 def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
@@ -55,6 +69,16 @@ def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
         queryset = queryset.filter(tool_id=query.tool_id)
     if query.status:
         queryset = queryset.filter(status=query.status)
+    if query.went_wrong_for is not None:
+        queryset = queryset.filter(
+            Exists(
+                Command.objects.filter(
+                    occurrence_id=OuterRef("pk"),
+                    state__in=WENT_WRONG_STATES,
+                    approval__proposal__votes__reviewer_id=query.went_wrong_for,
+                )
+            )
+        )
     return queryset.order_by("-created_at", "-pk")
 
 
@@ -68,7 +92,19 @@ def _where(query: InboxQuery) -> tuple[str, list[Any]]:
         sql, params = sql + " AND o.tool_id = %s", [*params, query.tool_id]
     if query.status:
         sql, params = sql + " AND o.status = %s", [*params, query.status]
+    if query.went_wrong_for is not None:
+        sql, params = sql + _WENT_WRONG, [*params, query.went_wrong_for]
     return sql, params
+
+
+# The occurrence has a command whose approval the user voted for, and the command failed
+# or its outcome is unknown (an interruption is a rejected call).
+_WENT_WRONG = f"""
+ AND EXISTS (SELECT 1 FROM approvals_command c
+               JOIN approvals_approval a ON a.id = c.approval_id
+               JOIN approvals_approvalvote v ON v.proposal_id = a.proposal_id
+              WHERE c.occurrence_id = o.id AND v.reviewer_id = %s
+                AND c.state IN ({words(WENT_WRONG_STATES)}))"""  # noqa: S608 (no input)
 
 
 def _page_ids(where: str) -> str:
@@ -116,10 +152,20 @@ SELECT {_PROPOSAL.sql},
   FROM approvals_proposal p
  WHERE p.occurrence_id = ANY(%s) AND p.is_current"""  # noqa: S608 (no input in the text)
 
+_RECOVERY_KINDS = (AuditKind.RECOVERY_INTERRUPTED.value, AuditKind.EPOCH_ADMITTED.value)
+# Each approval with its command's state and whether an authentication challenge
+# interrupted it (the newest of its interruption and epoch events is an interruption): a
+# consumed approval's row says what its effect came to, in the same query.
 _INBOX_APPROVALS = f"""
-SELECT {_APPROVAL.sql}
+SELECT {_APPROVAL.sql}, c.state,
+       (SELECT e.kind FROM approvals_auditevent e
+         WHERE e.command_id = c.id
+           AND e.kind IN ({words(vocabulary.EFFECT_KINDS)})
+           AND e.kind IN ({words(_RECOVERY_KINDS)})
+         ORDER BY e.id DESC LIMIT 1) = '{AuditKind.RECOVERY_INTERRUPTED.value}'
   FROM approvals_approval a
   JOIN approvals_proposal p ON p.id = a.proposal_id
+  LEFT JOIN approvals_command c ON c.approval_id = a.id
  WHERE a.occurrence_id = ANY(%s) AND p.is_current"""  # noqa: S608
 
 
@@ -174,8 +220,25 @@ def _page_rows(
         ids = [o.pk for o in page]
         current = Proposal.objects.filter(occurrence_id__in=ids, is_current=True)
         counted = current.annotate(votes_count=Count("votes"))
-        of_page = Approval.objects.filter(occurrence_id__in=ids, proposal__is_current=True)
-        return page, list(counted), list(of_page)
+        of_page = Approval.objects.filter(
+            occurrence_id__in=ids, proposal__is_current=True
+        ).annotate(
+            command_state=F("command__state"),
+            last_recovery=Subquery(
+                AuditEvent.objects.filter(
+                    command_id=OuterRef("command__pk"),
+                    kind__in=_RECOVERY_KINDS,
+                )
+                .order_by("-id")
+                .values("kind")[:1]
+            ),
+        )
+        loaded: list[Approval] = list(of_page)
+        for approval in loaded:
+            state, last = getattr(approval, "command_state"), getattr(approval, "last_recovery")  # noqa: B009
+            interrupted = None if state is None else last == AuditKind.RECOVERY_INTERRUPTED
+            approval.interrupted = interrupted  # type: ignore[attr-defined]
+        return page, list(counted), loaded
     where, params = _where(query)
     sql = f"""SELECT {_OCCURRENCE.sql} FROM approvals_occurrence o
                WHERE {where} AND o.id IN ({_page_ids(where)})
@@ -189,5 +252,10 @@ def _page_rows(
         proposal, votes = split(row, _PROPOSAL, 1)
         proposal.votes_count = votes
         proposals.append(proposal)
-    approvals = [_APPROVAL.load(row) for row in fetch(_INBOX_APPROVALS, [ids])]
+    approvals: list[Approval] = []
+    for row in fetch(_INBOX_APPROVALS, [ids]):
+        approval, command_state, interrupted = split(row, _APPROVAL, 2)
+        approval.command_state = command_state
+        approval.interrupted = None if command_state is None else bool(interrupted)
+        approvals.append(approval)
     return page, proposals, approvals
