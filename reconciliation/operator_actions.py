@@ -26,6 +26,7 @@ from approvals.errors import ServiceError
 from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
+from reconciliation.action_rules import ALLOWED_FROM, finding_refusal
 from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
@@ -39,16 +40,6 @@ Outcome = AdapterInvocation.Outcome
 # Invocations whose receipt names the effect under the command's key (a compensation's
 # names its reversal).
 _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
-
-# Where each action may start from. A state outside its set means another operator (or the
-# worker) got there first: the action is refused and the page shows the new state.
-ALLOWED_FROM: dict[str, tuple[str, ...]] = {
-    Action.QUERY_EFFECT: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING, State.REJECTED),
-    Action.RECONCILE: (State.OUTCOME_UNKNOWN, State.SENDING, State.PENDING),
-    Action.ACCEPT_AMBIGUITY: (State.OUTCOME_UNKNOWN, State.SENDING),
-    Action.RETRY: (State.PENDING, State.REJECTED, State.RECONCILED),
-    Action.COMPENSATE: (State.COMMITTED, State.RECONCILED),
-}
 
 
 class Refused(ServiceError):
@@ -413,7 +404,7 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, Action.RETRY, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.NOT_COMMITTED:
+        if finding_refusal(Action.RETRY, state=command.state, finding=last_finding(command)):
             raise Refused(
                 "not_justified",
                 "The effect was reconciled as committed: a retry would duplicate it.",
@@ -446,7 +437,7 @@ def command_compensate(
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, Action.COMPENSATE, seen)
-        if command.state == State.RECONCILED and last_finding(command) != Finding.COMMITTED:
+        if finding_refusal(Action.COMPENSATE, state=command.state, finding=last_finding(command)):
             raise Refused(
                 "not_committed",
                 "The effect was reconciled as not committed: there is nothing to compensate.",

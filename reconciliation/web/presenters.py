@@ -17,8 +17,8 @@ from approvals.web.money import MoneyLine, money_lines
 from approvals.web.presenters.history import HistoryLink, history_caption, history_links
 from approvals.web.shell import age
 from reconciliation import adapters
+from reconciliation.action_rules import allowed_actions, why_not
 from reconciliation.models import OperatorDecision
-from reconciliation.operator_actions import ALLOWED_FROM
 from reconciliation.selectors.queue import QueueItem, Reason, queue_item_arguments
 from reconciliation.selectors.timeline import Timeline
 
@@ -61,8 +61,16 @@ class ActionForm:
     action: str  # URL slug
     label: str
     help: str
-    enabled: bool
     fields: list[str]  # extra fields besides the note
+
+
+@dataclass(frozen=True)
+class ActionForms:
+    """The decisions the state allows (their forms), and the others with why not: the
+    page offers only what the server accepts (``reconciliation.action_rules``)."""
+
+    offered: list[ActionForm]
+    withheld: list[tuple[str, str]]  # (label, why not)
 
 
 def _latest_finding(decisions: list[OperatorDecision]) -> str:
@@ -215,17 +223,21 @@ _ACTIONS = [
 ACTION_SLUGS = {slug: action for slug, action, *_ in _ACTIONS}
 
 
-def action_forms(command: Command | None, adapter: str) -> list[ActionForm]:
+def action_forms(
+    command: Command | None, adapter: str, decisions: list[OperatorDecision]
+) -> ActionForms:
     if command is None:
-        return []
-    forms = []
+        return ActionForms([], [])
+    finding = _latest_finding([d for d in decisions if d.command_id == command.pk])
+    open_now = allowed_actions(state=command.state, finding=finding, adapter=adapter)
+    offered, withheld = [], []
     for slug, action, label, help_text, extra in _ACTIONS:
-        enabled = command.state in ALLOWED_FROM[action]
-        if action == "query_effect" and not adapters.can_query(adapter):
-            enabled = False
-            help_text = "This tool's adapter cannot be asked whether an effect exists."
-        forms.append(ActionForm(slug, label, help_text, enabled, extra))
-    return forms
+        if action in open_now:
+            offered.append(ActionForm(slug, label, help_text, extra))
+        else:
+            why = why_not(action, state=command.state, finding=finding, adapter=adapter)
+            withheld.append((label, why))
+    return ActionForms(offered, withheld)
 
 
 @dataclass(frozen=True)

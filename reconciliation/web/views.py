@@ -102,7 +102,9 @@ def _timeline_context(
         "command": command,
         "dimensions": presenters.dimensions(timeline, now),
         "why": presenters.why_nothing_runs(timeline),
-        "actions": presenters.action_forms(command, timeline.occurrence.tool.adapter),
+        "actions": presenters.action_forms(
+            command, timeline.occurrence.tool.adapter, timeline.decisions
+        ),
         # What every decision's form says it was shown.
         "seen_state": operations.seen_state(command.state, max(e.number for e in timeline.epochs))
         if command and timeline.epochs
@@ -167,11 +169,14 @@ def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpRe
                 **who, manual_evidence=request.POST.get("manual_evidence", "")
             )
     except ServiceError as refusal:
-        # The page as it stands now, with why nothing was recorded.
+        if refusal.status == 409:
+            # Refused by the state: back to the timeline as it stands now, the refusal said
+            # there (post/redirect/get: a reload shows the page again, never re-sends).
+            messages.error(request, refusal.message, extra_tags=f"refusal {refusal.code}")
+            return redirect(reverse("reconciliation:timeline", args=[command.occurrence_id]))
+        # Input the form itself requires (a note, an outcome, evidence): the page with why.
         context = _timeline_context(request, command.occurrence_id)
         context["notice"] = {"level": "error", "text": refusal.message}
-        context["failed_action"] = action
-        context["posted"] = request.POST
         status = refusal.status if 400 <= refusal.status < 500 else 409
         return render(request, TEMPLATE_TIMELINE, context, status=status)
     messages.success(request, done.message)

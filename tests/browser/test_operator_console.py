@@ -1,0 +1,102 @@
+"""The operators' console, second pass (issue 25), in Chromium: only the decisions the state
+allows are offered, a refused decision comes back as a redirect to the timeline that says
+why (and a reload re-sends nothing), the queue says what each item is, the timeline reads
+before it acts, verdicts are named, and ids lead somewhere. axe-core checks each state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from approvals.models import Command
+from reconciliation.dispatch import command_dispatch
+from reconciliation.models import OperatorDecision
+from reconciliation.operator_actions import command_reconcile
+from tests.browser.a11y import axe_violations
+from tests.browser.conftest import Contexts, login
+from tests.browser.test_screenshots import _shoot
+from tests.conftest import Runtime
+from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
+from tests.reconciliation.conftest import claim_command
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+State = Command.State
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess]:
+    with start_sandbox(tmp_path_factory.mktemp("sandbox")) as process:
+        yield process
+
+
+@pytest.fixture
+def remote(sandbox: SandboxProcess, settings: Any) -> SandboxProcess:
+    sandbox.reset()
+    settings.PAYMENTS_URL = sandbox.url
+    settings.PAYMENTS_API_KEY = sandbox.api_key
+    settings.MESSAGES_WEBHOOK_URL = f"{sandbox.url}/v1/messages"
+    settings.MESSAGES_WEBHOOK_SECRET = sandbox.webhook_secret
+    settings.ADAPTER_READ_TIMEOUT = 1.0
+    return sandbox
+
+
+def unknown_message(runtime: Runtime, reviewer: Any, remote: SandboxProcess, ref: str) -> Command:
+    command = claim_command(runtime, reviewer, "send_message", ref=ref)
+    remote.fault("reset_after_effect")
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+    return command
+
+
+def test_a_refused_decision_redirects_to_the_timeline_and_retry_is_not_offered(
+    contexts: Contexts,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    tmp_path: Path,
+) -> None:
+    command = unknown_message(runtime, reviewer, remote, "prg-1")
+    timeline = f"/operations/occurrences/{command.occurrence_id}/"
+    page = contexts.new(bypass_csp=True).new_page()
+    login(page, operator.username)
+    page.goto(timeline)
+    expect(page.locator("form.action")).to_have_count(2)  # reconcile, accept ambiguity
+    expect(page.locator("#action-retry")).to_have_count(0)
+
+    # Another operator reconciles it as committed while this page is open.
+    command_reconcile(
+        command_id=command.pk,
+        operator="oona",
+        note="the receiver's log has it",
+        outcome=OperatorDecision.Finding.COMMITTED,
+        evidence="log 88",
+    )
+    form = page.locator("#action-accept-ambiguity")
+    form.locator("textarea[name=note]").fill("resend it")
+    with page.expect_navigation():
+        form.get_by_role("button").click()
+
+    # Post/redirect/get: the address is the timeline's, the refusal is said there.
+    assert page.url.endswith(timeline)
+    expect(page.locator("#operator-notice")).to_contain_text(
+        "Refused: the effect is now reconciled"
+    )
+    expect(page.locator("#action-retry")).to_have_count(0)
+    expect(page.locator("#actions-withheld")).to_contain_text("a retry would duplicate it")
+    expect(page.locator("#action-compensate textarea")).to_be_editable()
+    assert axe_violations(page) == []
+    _shoot(page, tmp_path / "timeline-refused.png")
+
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.reload()
+    expect(page.locator("#operator-notice")).to_have_count(0)
+    assert posts == [], "a reload never re-sends the decision"
+    assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["oona"]

@@ -1,0 +1,111 @@
+"""One table decides which decisions the timeline offers and which the server refuses: the
+page never offers what the server would refuse, its withheld forms are not there to fill
+in, and a refusal is a redirect back to the timeline (post/redirect/get)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from approvals.models import Command
+from reconciliation.action_rules import ALLOWED_FROM, allowed_actions, why_not
+from reconciliation.dispatch import command_dispatch
+from reconciliation.models import OperatorDecision
+from tests.conftest import PASSWORD, Runtime
+from tests.demo.sandbox_fixture import SandboxProcess
+from tests.reconciliation.conftest import claim_command
+
+pytestmark = pytest.mark.django_db
+
+State = Command.State
+Action = OperatorDecision.Action
+Finding = OperatorDecision.Finding
+
+_FORM = re.compile(r'<form id="action-([a-z-]+)"')
+
+
+@pytest.fixture
+def ops(operator: Any) -> Client:
+    client = Client()
+    assert client.login(username=operator.username, password=PASSWORD)
+    return client
+
+
+def offered(client: Client, command: Command) -> list[str]:
+    page = client.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    return _FORM.findall(page)
+
+
+def unknown_message(runtime: Runtime, reviewer: Any, remote: SandboxProcess) -> Command:
+    command = claim_command(runtime, reviewer, "send_message")
+    remote.fault("timeout_after_effect")
+    command_dispatch(command_id=command.pk)
+    command.refresh_from_db()
+    assert command.state == State.OUTCOME_UNKNOWN
+    return command
+
+
+def test_the_table_allows_a_retry_only_of_an_effect_found_not_committed() -> None:
+    def open_now(finding: str) -> list[str]:
+        return allowed_actions(state=State.RECONCILED, finding=finding, adapter="payments")
+
+    assert open_now(Finding.COMMITTED) == [Action.COMPENSATE]
+    assert open_now(Finding.NOT_COMMITTED) == [Action.RETRY]
+    assert why_not(
+        Action.RETRY, state=State.RECONCILED, finding=Finding.COMMITTED, adapter="payments"
+    ) == ("The effect was reconciled as committed: a retry would duplicate it.")
+
+
+def test_the_table_never_opens_an_action_outside_the_states_it_starts_from() -> None:
+    findings = ("", Finding.COMMITTED, Finding.NOT_COMMITTED)
+    for state, finding, adapter in itertools.product(State, findings, ("payments", "messages")):
+        for action in allowed_actions(state=state, finding=finding, adapter=adapter):
+            assert state in ALLOWED_FROM[action], (state, action)
+    assert Action.QUERY_EFFECT not in allowed_actions(
+        state=State.OUTCOME_UNKNOWN, finding="", adapter="messages"
+    ), "the messages adapter cannot be asked"
+
+
+def test_after_reconciled_as_committed_retry_is_not_offered_and_its_post_redirects(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = unknown_message(runtime, reviewer, remote)
+    assert offered(ops, command) == ["reconcile", "accept-ambiguity"]
+
+    ops.post(
+        f"/operations/commands/{command.pk}/reconcile",
+        {"note": "seen in the log", "outcome": "committed", "evidence": "log 7"},
+    )
+
+    page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    assert _FORM.findall(page) == ["compensate"]
+    # Withheld: not a disabled form whose note could still be typed in, only why.
+    assert page.count("<textarea") == 1
+    assert "<strong>Retry</strong>: The effect was reconciled as committed" in page
+    assert " disabled" not in page
+
+    response = ops.post(f"/operations/commands/{command.pk}/retry", {"note": "again"})
+
+    timeline = f"/operations/occurrences/{command.occurrence_id}/"
+    assert (response.status_code, response["Location"]) == (302, timeline)
+    after = ops.get(timeline).content.decode()
+    assert re.search(r'id="operator-notice"[^>]*role="alert"[^>]*>[^<]*would duplicate it', after)
+    assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["reconcile"]
+    # Said once: the reload shows the page without the refusal, and sends nothing.
+    assert 'id="operator-notice"' not in ops.get(timeline).content.decode()
+
+
+def test_a_settled_effect_offers_only_a_compensation(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    assert offered(ops, command) == ["compensate"]
+    ops.post(f"/operations/commands/{command.pk}/compensate", {"note": "customer asked"})
+    page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+    assert _FORM.findall(page) == []
+    assert "Nothing to decide" in page
