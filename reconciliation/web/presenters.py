@@ -3,6 +3,7 @@ dimensions of an occurrence side by side, so that an operator sees why nothing r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,7 @@ class QueueRow:
     item: QueueItem
     age: str
     money: list[MoneyLine]
+    identifiers: list[tuple[str, str]]  # (argument, value): agent-supplied, shown revealed
 
     @property
     def href(self) -> str:
@@ -41,10 +43,62 @@ class QueueRow:
 
 
 def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:
-    return [
-        QueueRow(item, age(item.since, now), money_lines(queue_item_arguments(item)))
-        for item in items
-    ]
+    rows = []
+    for item in items:
+        arguments = queue_item_arguments(item)
+        rows.append(
+            QueueRow(
+                item,
+                age(item.since, now),
+                money_lines(arguments),
+                item.occurrence.tool.identifying(arguments),
+            )
+        )
+    return rows
+
+
+# The queue's sortable columns: the key of each (the age sorts by since when, oldest first).
+QUEUE_SORTS: dict[str, Callable[[QueueRow], Any]] = {
+    "age": lambda row: row.item.since,
+    "reason": lambda row: Reason.ORDER.index(row.item.reason),
+    "action": lambda row: (
+        row.item.occurrence.tool.name,
+        [value for _, value in row.identifiers],
+    ),
+    "amount": lambda row: [(line.currency, line.amount_minor) for line in row.money],
+    "requester": lambda row: (row.item.occurrence.requested_by, row.item.occurrence.run_id),
+}
+
+
+def queue_sorted(rows: list[QueueRow], sort: str, descending: bool) -> list[QueueRow]:
+    return sorted(rows, key=QUEUE_SORTS[sort], reverse=descending)
+
+
+@dataclass(frozen=True)
+class SortLink:
+    column: str
+    label: str
+    url: str
+    aria_sort: str  # "ascending", "descending" or "" (not the sorted column)
+
+
+def queue_sort_links(base: str, sort: str, descending: bool) -> dict[str, SortLink]:
+    """Each sortable column's header link: the sorted column flips its direction."""
+    labels = {
+        "age": "Waiting",
+        "reason": "Reason",
+        "action": "Action",
+        "amount": "Amount",
+        "requester": "Requested by",
+    }
+    links = {}
+    for column, label in labels.items():
+        current = column == sort
+        flip = "asc" if current and descending else "desc" if current else "asc"
+        url = f"{base}{'&' if '?' in base else '?'}sort={column}&dir={flip}"
+        state = ("descending" if descending else "ascending") if current else ""
+        links[column] = SortLink(column, label, url, state)
+    return links
 
 
 @dataclass(frozen=True)

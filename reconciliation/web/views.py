@@ -6,6 +6,7 @@ no longer allows it."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -24,6 +25,7 @@ from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
 from reconciliation import operator_actions as operations
 from reconciliation.selectors.queue import Reason, queue_counts, queue_items
+from reconciliation.selectors.queue_search import SEARCH_MAX, queue_search
 from reconciliation.selectors.timeline import timeline_get
 from reconciliation.web import presenters
 
@@ -49,20 +51,37 @@ def queue(request: HttpRequest) -> HttpResponse:
     reason = reason if reason in Reason.LABELS else ""
     tool = request.GET.get("tool", "")
     tool = tool if tool in tools else ""
+    q = request.GET.get("q", "").strip()[:SEARCH_MAX]
+    sort = request.GET.get("sort", "")
+    sort = sort if sort in presenters.QUEUE_SORTS else "age"
+    descending = request.GET.get("dir") == "desc"
     now = timezone.now()
     tenant_ids = [t.pk for t in tenants]
-    counts = queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
+    # A search names occurrences first; the queue then lists only theirs.
+    found = queue_search(q=q, tenant_ids=tenant_ids) if q else None
+    counts = queue_counts(
+        tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool), occurrence_ids=found
+    )
     items = queue_items(
-        tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool), counts=counts
+        tenant_ids=tenant_ids,
+        now=now,
+        reason=reason,
+        tool_id=tools.get(tool),
+        counts=counts,
+        occurrence_ids=found,
     )
     total = sum(counts.values())
     matching = counts[reason] if reason else total
-    query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
+    filters = urlencode([(k, v) for k, v in (("reason", reason), ("tool", tool), ("q", q)) if v])
+    base = f"{reverse('reconciliation:queue')}?{filters}"
+    rows = presenters.queue_sorted(presenters.queue_rows(items, now), sort, descending)
+    show_tenant = len(tenants) > 1
+    direction = "desc" if descending else "asc"
     context = {
         **links,
-        "rows": (rows := presenters.queue_rows(items, now)),
+        "rows": rows,
         "rows_html": render_rows(
-            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": len(tenants) > 1}
+            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": show_tenant}
         ),
         "counts": [(r, Reason.LABELS[r], counts[r]) for r in Reason.ORDER],
         "total": total,
@@ -70,10 +89,13 @@ def queue(request: HttpRequest) -> HttpResponse:
         "unlisted": max(matching - len(items), 0),
         "reason": reason,
         "tool": tool,
+        "q": q,
+        "count_query": urlencode([(k, v) for k, v in (("tool", tool), ("q", q)) if v]),
+        "sorts": presenters.queue_sort_links(base, sort, descending),
         "reason_choices": presenters.REASON_CHOICES,
         "tool_choices": [("", "All tools"), *((name, name) for name in tools)],
-        "show_tenant": len(tenants) > 1,
-        "poll_url": f"{reverse('reconciliation:queue')}?{query}",
+        "show_tenant": show_tenant,
+        "poll_url": f"{base}{'&' if filters else ''}sort={sort}&dir={direction}",
         "poll_seconds": QUEUE_POLL_SECONDS,
         "announce": f"{total} item{'s' if total != 1 else ''} need a person",
     }

@@ -5,21 +5,24 @@ before it acts, verdicts are named, and ids lead somewhere. axe-core checks each
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
-from approvals.models import Command
+from approvals.models import Approval, Command
 from reconciliation.dispatch import command_dispatch
 from reconciliation.models import OperatorDecision
 from reconciliation.operator_actions import command_reconcile
 from tests.browser.a11y import axe_violations
 from tests.browser.conftest import Contexts, login
 from tests.browser.test_screenshots import _shoot
-from tests.conftest import Runtime
+from tests.conftest import REFUND_ARGS, Runtime, approve
 from tests.demo.sandbox_fixture import SandboxProcess, start_sandbox
 from tests.reconciliation.conftest import claim_command
 
@@ -52,6 +55,19 @@ def unknown_message(runtime: Runtime, reviewer: Any, remote: SandboxProcess, ref
     command.refresh_from_db()
     assert command.state == State.OUTCOME_UNKNOWN
     return command
+
+
+def expired(
+    runtime: Runtime, reviewer: Any, payment: str, minutes_ago: int, *, amount: int, run: str
+) -> Approval:
+    arguments = {**REFUND_ARGS, "payment_id": payment, "amount_minor": amount}
+    occurrence_id = runtime.propose(arguments=arguments, run_id=run).json()["occurrence_id"]
+    assert approve(occurrence_id, reviewer).issued
+    at = timezone.now() - timedelta(minutes=minutes_ago)
+    Approval.objects.filter(occurrence_id=occurrence_id).update(
+        issued_at=at - timedelta(minutes=15), expires_at=at
+    )
+    return Approval.objects.get(occurrence_id=occurrence_id)
 
 
 def test_a_refused_decision_redirects_to_the_timeline_and_retry_is_not_offered(
@@ -100,3 +116,43 @@ def test_a_refused_decision_redirects_to_the_timeline_and_retry_is_not_offered(
     expect(page.locator("#operator-notice")).to_have_count(0)
     assert posts == [], "a reload never re-sends the decision"
     assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["oona"]
+
+
+def test_the_queue_says_what_an_item_is_sorts_and_finds_it_by_id(
+    contexts: Contexts, runtime: Runtime, reviewer: Any, operator: Any, tmp_path: Path
+) -> None:
+    first = expired(runtime, reviewer, "pay_Zt91kPq", 30, amount=1000, run="run-billing-77")
+    second = expired(runtime, reviewer, "pay_Aa12", 20, amount=9000, run="run-support-9")
+    # A reader in Berlin: the absolute time is shown in their zone, UTC on hover.
+    context = contexts.browser.new_context(
+        base_url=contexts.base_url,
+        bypass_csp=True,
+        timezone_id="Europe/Berlin",
+        viewport={"width": 1280, "height": 900},
+    )
+    contexts.opened.append(context)
+    page = context.new_page()
+    login(page, operator.username)
+    page.goto("/operations/")
+
+    row = page.locator(f'tr[data-item="expired_unclaimed:{first.pk}"]')
+    expect(row).to_contain_text("payment_id pay_Zt91kPq")
+    expect(row).to_contain_text("run-billing-77")
+    local = row.locator("time.local-time")
+    expect(local).to_have_attribute("title", re.compile(r"UTC$"))
+    expect(local).to_contain_text(re.compile(r"GMT\+1|CET"))  # in the browser's zone
+    assert axe_violations(page) == []
+    _shoot(page, tmp_path / "queue.png")
+
+    # Sorted by amount, largest first, by clicking the column's header twice.
+    page.get_by_role("link", name="Amount").click()
+    page.get_by_role("link", name="Amount").click()
+    expect(page.locator("th[aria-sort=descending]")).to_contain_text("Amount")
+    keys = page.locator("tr[data-item]").evaluate_all("rows => rows.map(r => r.dataset.item)")
+    assert keys == [f"expired_unclaimed:{second.pk}", f"expired_unclaimed:{first.pk}"]
+
+    page.locator("#filter-q").fill("pay_Zt91kPq")
+    page.locator("#filter-q").press("Enter")
+    expect(page.locator("tr[data-item]")).to_have_count(1)
+    expect(page.locator("#queue-total")).to_have_text("1")
+    assert axe_violations(page) == []
