@@ -150,12 +150,14 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
     elif timeline.interruptions:
         recovery = Dimension(
             "Recovery",
-            "Recovered",
+            "Recovered: every interruption resolved",
             "ok",
-            [("Stops", str(len(timeline.interruptions))), ("Open", "none")],
+            [("Interruptions", str(len(timeline.interruptions))), ("Still open", "none")],
         )
     else:
-        recovery = Dimension("Recovery", "Nothing stopped it", "ok")
+        recovery = Dimension(
+            "Recovery", "No interruption: the remote never refused the credential", "ok"
+        )
 
     approval: Approval | None = timeline.approvals[-1] if timeline.approvals else None
     facts: list[tuple[str, str]] = []
@@ -210,6 +212,19 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
     return [recovery, authority, effect]
 
 
+# Effects nothing more will happen to unless an operator compensates: the timeline says
+# where they stand, not why nothing runs.
+_SETTLED = (Command.State.COMMITTED, Command.State.COMPENSATED, Command.State.RECONCILED)
+
+
+def why_title(timeline: Timeline) -> str:
+    command = timeline.commands[-1] if timeline.commands else None
+    open_stop = any(i.resolved_at is None for i in timeline.interruptions)
+    if command is not None and command.state in _SETTLED and not open_stop:
+        return "Where it stands"
+    return "Why nothing runs"
+
+
 def why_nothing_runs(timeline: Timeline) -> str:
     """One sentence that says what the occurrence waits for, if anything."""
     command = timeline.commands[-1] if timeline.commands else None
@@ -231,8 +246,9 @@ def why_nothing_runs(timeline: Timeline) -> str:
         Command.State.SENDING: "A call may be in flight; if it is stuck, query the effect.",
         Command.State.PENDING: "The command waits for delivery (or the runtime's report).",
         Command.State.REJECTED: "The remote refused it before executing it; a retry is justified.",
-        Command.State.RECONCILED: "An operator reconciled the effect.",
-    }.get(Command.State(command.state), "The effect is settled; nothing needs to run.")
+        Command.State.RECONCILED: "An operator reconciled the effect by hand; it is settled.",
+        Command.State.COMPENSATED: "The effect was undone (compensated); it is settled.",
+    }.get(Command.State(command.state), "The effect is committed: settled, nothing needs to run.")
 
 
 _ACTIONS = [

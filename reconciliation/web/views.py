@@ -124,6 +124,7 @@ def _timeline_context(
         "command": command,
         "dimensions": presenters.dimensions(timeline, now),
         "why": presenters.why_nothing_runs(timeline),
+        "why_title": presenters.why_title(timeline),
         "actions": presenters.action_forms(
             command, timeline.occurrence.tool.adapter, timeline.decisions
         ),

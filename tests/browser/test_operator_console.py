@@ -115,6 +115,17 @@ def test_a_refused_decision_redirects_to_the_timeline_and_retry_is_not_offered(
     page.reload()
     expect(page.locator("#operator-notice")).to_have_count(0)
     assert posts == [], "a reload never re-sends the decision"
+
+    # Read, then act: the decisions sit beside the evidence, and stay in view.
+    evidence = page.locator(".dimensions").bounding_box()
+    actions = page.locator(".timeline-actions").bounding_box()
+    assert evidence and actions and actions["x"] > evidence["x"] + evidence["width"] - 1
+    page.mouse.wheel(0, 1500)
+    page.wait_for_timeout(200)
+    stuck = page.locator(".timeline-actions").bounding_box()
+    assert stuck and 0 <= stuck["y"] < 100, stuck
+    page.mouse.wheel(0, -3000)
+    _shoot(page, tmp_path / "timeline-beside.png")
     assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["oona"]
 
 

@@ -109,3 +109,19 @@ def test_a_settled_effect_offers_only_a_compensation(
     page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
     assert _FORM.findall(page) == []
     assert "Nothing to decide" in page
+
+
+def test_the_timeline_reads_before_it_acts_and_says_where_a_settled_effect_stands(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+
+    page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+
+    assert "Why nothing runs" not in page
+    assert "<strong>Where it stands:</strong> The effect is committed: settled" in page
+    assert "No interruption: the remote never refused the credential" in page
+    assert "Nothing stopped it" not in page
+    # The summary and the evidence come first, the decisions after them, beside.
+    assert page.index('id="why"') < page.index('class="dimensions"') < page.index('id="actions-h"')
