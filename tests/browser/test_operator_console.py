@@ -167,3 +167,29 @@ def test_the_queue_says_what_an_item_is_sorts_and_finds_it_by_id(
     expect(page.locator("tr[data-item]")).to_have_count(1)
     expect(page.locator("#queue-total")).to_have_text("1")
     assert axe_violations(page) == []
+
+
+def test_a_normal_flow_is_named_and_says_there_is_nothing_to_do(
+    contexts: Contexts,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    tmp_path: Path,
+) -> None:
+    command = claim_command(runtime, reviewer, ref="normal-1")
+    command_dispatch(command_id=command.pk)
+    page = contexts.new(bypass_csp=True).new_page()
+    login(page, operator.username)
+    page.goto("/investigations/")
+
+    page.locator("#q").fill(str(command.pk))
+    with page.expect_navigation():
+        page.locator("#investigate-form").get_by_role("button", name="Investigate").click()
+
+    expect(page.locator("#verdict-h")).to_have_text(
+        "Verdict: Normal: 1 approval → 1 command → 1 effect, committed"
+    )
+    expect(page.locator("#verdict")).to_contain_text("Nothing to do unless the effect")
+    assert axe_violations(page) == []
+    _shoot(page, tmp_path / "investigation-normal.png")

@@ -43,6 +43,7 @@ from reconciliation.investigations.verdict import (
     DUPLICATED_AUDIT_DELIVERY,
     HEALTHY_REDELIVERY,
     IDEMPOTENT_EXECUTION_FAILURE,
+    STORIES,
     assess,
 )
 from reconciliation.models import AdapterInvocation
@@ -130,6 +131,20 @@ def console_claim(*more: EventFact, state: str = "committed", **facts: Any) -> F
         events_total=1 + len(more),
         **facts,
     )
+
+
+def test_a_normal_flow_is_named_with_what_it_counts_and_every_story_says_what_to_do() -> None:
+    assessment = assess(console_claim())
+
+    assert assessment.codes == [] and not assessment.gaps
+    assert assessment.normal == "Normal: 1 approval → 1 command → 1 effect, committed"
+    assert "Nothing to do unless the effect itself is wrong" in assessment.summary
+    waiting = assess(console_claim(state="pending", invocations=()))
+    assert waiting.normal == "Normal: 1 approval → 1 command → 0 effects, not sent"
+    for code, story in STORIES.items():
+        assert story.next_step.endswith(".") and story.next_step.count(". ") == 0, code
+    working = assess(console_claim(event("claim.replayed", execution_id="b", command_id="")))
+    assert working.codes == [CONTROL_WORKING] and working.normal == ""
 
 
 def test_control_working_one_approved_execution_and_replays_denied() -> None:
@@ -740,7 +755,7 @@ def test_story_another_producer_reports_a_second_approved_execution(
     page = page_of(ops, story.fingerprint)
 
     assert verdicts(page) == []
-    assert "Verdict: none of the five stories" in page
+    assert "Verdict: Normal: 1 approval → 1 command → " in page
     conflicts = page[page.index('id="verdict-conflicts"') :]
     assert "An external producer reports a second approved execution" in conflicts
     assert "runtime key “legacy-worker”" in conflicts
