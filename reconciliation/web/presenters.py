@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlencode
 
 from django.urls import reverse
 
@@ -101,12 +102,28 @@ def queue_sort_links(base: str, sort: str, descending: bool) -> dict[str, SortLi
     return links
 
 
+class Fact(NamedTuple):
+    """One line of a dimension: an id among them leads to its investigation (``href``) and
+    has a copy button (``copy_id``: the element the button copies)."""
+
+    key: str
+    value: str
+    href: str = ""
+    copy_id: str = ""
+
+
+def _id_fact(key: str, value: str, slug: str) -> Fact:
+    """An id that is no dead end: a link to what it names, and a copy button."""
+    href = f"{reverse('reconciliation:investigations')}?{urlencode({'q': value})}"
+    return Fact(key, value, href, f"fact-{slug}")
+
+
 @dataclass(frozen=True)
 class Dimension:
     title: str
     status: str  # one short phrase
     tone: str  # ok, wait, alarm
-    facts: list[tuple[str, str]] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # verbatim values (challenges)
 
 
@@ -144,7 +161,7 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
             "Recovery",
             f"Stopped: {stop.get_kind_display().lower()}",
             "alarm",
-            [("Since", stop.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"))],
+            [Fact("Since", stop.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"))],
             [str(c) for c in stop.challenges],
         )
     elif timeline.interruptions:
@@ -152,7 +169,7 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
             "Recovery",
             "Recovered: every interruption resolved",
             "ok",
-            [("Interruptions", str(len(timeline.interruptions))), ("Still open", "none")],
+            [Fact("Interruptions", str(len(timeline.interruptions))), Fact("Still open", "none")],
         )
     else:
         recovery = Dimension(
@@ -160,19 +177,21 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
         )
 
     approval: Approval | None = timeline.approvals[-1] if timeline.approvals else None
-    facts: list[tuple[str, str]] = []
+    facts: list[Fact] = []
     if approval is not None:
-        state = approval_state(approval, now)
-        facts.append(("Approval", f"{state}, fingerprint {approval.fingerprint or '—'}"))
+        facts.append(Fact("Approval", approval_state(approval, now)))
+        if approval.fingerprint:
+            facts.append(_id_fact("Fingerprint", approval.fingerprint, "fingerprint"))
         if approval.consumed_by_execution:
-            facts.append(("Consumed by", approval.consumed_by_execution))
+            facts.append(_id_fact("Consumed by", approval.consumed_by_execution, "consumed-by"))
     epoch: Epoch | None = timeline.epochs[-1] if timeline.epochs else None
     if epoch is not None:
-        facts.append(("Epoch", f"{epoch.number}: {epoch.execution_id}"))
-        facts.append(("Justification", epoch.get_justification_display()))
+        facts.append(Fact("Epoch", str(epoch.number)))
+        facts.append(_id_fact("Execution", epoch.execution_id, "execution"))
+        facts.append(Fact("Justification", epoch.get_justification_display()))
     if timeline.credential_refreshed_at is not None:
         facts.append(
-            ("Credential", timeline.credential_refreshed_at.strftime("replaced %Y-%m-%d %H:%M"))
+            Fact("Credential", timeline.credential_refreshed_at.strftime("replaced %Y-%m-%d %H:%M"))
         )
     if open_stops:
         authority = Dimension(
@@ -202,12 +221,12 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
         }.get(Command.State(command.state), "ok")
         receipts = [i.receipt for i in timeline.invocations if i.receipt]
         effect_facts = [
-            ("Command", str(command.pk)),
-            ("Idempotency key", command.idempotency_key),
-            ("Adapter calls", str(sum(1 for i in timeline.invocations if i.kind == "execute"))),
+            _id_fact("Command", str(command.pk), "command"),
+            Fact("Idempotency key", command.idempotency_key, "", "fact-key"),
+            Fact("Adapter calls", str(sum(1 for i in timeline.invocations if i.kind == "execute"))),
         ]
         if receipts:
-            effect_facts.append(("Receipt", receipts[-1]))
+            effect_facts.append(Fact("Receipt", receipts[-1], "", "fact-receipt"))
         effect = Dimension("Effect", status, tone, effect_facts)
     return [recovery, authority, effect]
 

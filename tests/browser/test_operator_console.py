@@ -193,3 +193,32 @@ def test_a_normal_flow_is_named_and_says_there_is_nothing_to_do(
     expect(page.locator("#verdict")).to_contain_text("Nothing to do unless the effect")
     assert axe_violations(page) == []
     _shoot(page, tmp_path / "investigation-normal.png")
+
+
+def test_ids_are_links_with_copy_buttons_and_every_page_links_investigate(
+    contexts: Contexts,
+    remote: SandboxProcess,
+    runtime: Runtime,
+    reviewer: Any,
+    operator: Any,
+    tmp_path: Path,
+) -> None:
+    command = claim_command(runtime, reviewer, ref="links-1")
+    command_dispatch(command_id=command.pk)
+    page = contexts.new(bypass_csp=True).new_page()
+    login(page, operator.username)
+    page.goto(f"/operations/occurrences/{command.occurrence_id}/")
+
+    page.locator("#fact-receipt ~ button").click()
+    expect(page.locator("#fact-receipt ~ .copy-status")).to_have_text(re.compile("Copied|Selected"))
+    assert axe_violations(page) == []
+    _shoot(page, tmp_path / "timeline-ids.png")
+
+    with page.expect_navigation():
+        page.locator("#fact-command a").click()
+    expect(page.locator("#verdict-h")).to_contain_text("Normal")
+
+    page.goto(f"/operations/occurrences/{command.occurrence_id}/")
+    with page.expect_navigation():
+        page.locator("#investigate-link").click()
+    expect(page.locator("#q")).to_have_value(str(command.occurrence_id))

@@ -125,3 +125,42 @@ def test_the_timeline_reads_before_it_acts_and_says_where_a_settled_effect_stand
     assert "Nothing stopped it" not in page
     # The summary and the evidence come first, the decisions after them, beside.
     assert page.index('id="why"') < page.index('class="dimensions"') < page.index('id="actions-h"')
+
+
+def test_ids_on_the_timeline_lead_to_their_investigation_and_can_be_copied(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+
+    page = ops.get(f"/operations/occurrences/{command.occurrence_id}/").content.decode()
+
+    approval = command.approval
+    assert approval is not None
+    for value in (str(command.pk), "exec-1", approval.fingerprint):
+        assert f'<a href="/investigations/?q={value}"' in page, value
+    for copied in ("fact-command", "fact-fingerprint", "fact-key", "fact-receipt"):
+        assert f'data-copy="{copied}"' in page and f'id="{copied}"' in page, copied
+    assert f'id="investigate-link" href="/investigations/?q={command.occurrence_id}"' in page
+
+
+def test_the_review_page_links_the_timeline_and_investigate_for_an_operator(
+    runtime: Runtime, reviewer: Any, operator: Any, ops: Client, tenant: Any
+) -> None:
+    from approvals.models import Membership
+    from tests.conftest import make_user
+
+    occurrence_id = runtime.propose().json()["occurrence_id"]
+    both = make_user("rhea", tenant, Membership.Role.REVIEWER, Membership.Role.OPERATOR)
+    client = Client()
+    client.force_login(both)
+
+    page = client.get(f"/reviews/{occurrence_id}/").content.decode()
+
+    assert f'id="timeline-link" href="/operations/occurrences/{occurrence_id}/"' in page
+    assert f'id="investigate-link" href="/investigations/?q={occurrence_id}"' in page
+    assert 'data-copy="occurrence-id"' in page
+    only_reviewer = Client()
+    only_reviewer.force_login(reviewer)
+    page = only_reviewer.get(f"/reviews/{occurrence_id}/").content.decode()
+    assert 'id="timeline-link"' not in page and 'id="investigate-link"' not in page
