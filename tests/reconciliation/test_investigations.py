@@ -1107,7 +1107,12 @@ def chain_row(row: Any, show_tenant: bool, every_step_url: str = "") -> str:
     """One row of the investigation's chain, as its page renders it."""
     from approvals.web.jinja import render_rows
 
-    context = {"rows": [row], "show_tenant": show_tenant, "every_step_url": every_step_url}
+    context = {
+        "rows": [row],
+        "show_tenant": show_tenant,
+        "every_step_url": every_step_url,
+        "investigate_url": "/investigations/",
+    }
     return render_rows("reconciliation/chain_rows.html", context).strip()
 
 
@@ -1142,7 +1147,8 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert '<td><code class="agent-text small">—</code></td>' in html  # no message id
     assert (
-        '<code class="mono small" title="0ea770c8-cc7d-4189-83d0-c9e8587e8a09">0ea770c8…</code>'
+        '<code class="mono small"><a href="/investigations/?q=0ea770c8-cc7d-4189-83d0-c9e8587e8a09"'
+        ' title="Investigate command 0ea770c8-cc7d-4189-83d0-c9e8587e8a09">0ea770c8…</a></code>'
         in html
     )
     assert 'runtime &lt;key&gt; <span class="flag flag--duplicate">delivered \u00d73</span>' in html

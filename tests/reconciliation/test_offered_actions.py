@@ -164,3 +164,17 @@ def test_the_review_page_links_the_timeline_and_investigate_for_an_operator(
     only_reviewer.force_login(reviewer)
     page = only_reviewer.get(f"/reviews/{occurrence_id}/").content.decode()
     assert 'id="timeline-link"' not in page and 'id="investigate-link"' not in page
+
+
+def test_ids_in_an_investigation_lead_to_their_own(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, ops: Client
+) -> None:
+    command = claim_command(runtime, reviewer)
+    command_dispatch(command_id=command.pk)
+    approval = command.approval
+    assert approval is not None
+
+    page = ops.get(f"/investigations/?q={command.occurrence_id}").content.decode()
+
+    assert page.count(f'href="/investigations/?q={approval.fingerprint}"') >= 2  # issuance, chain
+    assert page.count(f'href="/investigations/?q={command.pk}"') >= 2
