@@ -26,6 +26,7 @@ from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch
 from approvals.vocabulary import AuditKind
 from reconciliation import adapters
+from reconciliation.action_rules import ALLOWED_FROM, finding_refusal
 from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
@@ -34,32 +35,6 @@ from reconciliation.models import AdapterInvocation, OperatorDecision
 # Invocations whose receipt names the effect under the command's key (a compensation's
 # names its reversal).
 _EFFECT_KINDS = (AdapterInvocation.Kind.EXECUTE, AdapterInvocation.Kind.QUERY)
-
-# Where each action may start from. A state outside its set means another operator (or the
-# worker) got there first: the action is refused and the page shows the new state.
-ALLOWED_FROM: dict[str, tuple[str, ...]] = {
-    OperatorDecision.Action.QUERY_EFFECT: (
-        Command.State.OUTCOME_UNKNOWN,
-        Command.State.SENDING,
-        Command.State.PENDING,
-        Command.State.REJECTED,
-    ),
-    OperatorDecision.Action.RECONCILE: (
-        Command.State.OUTCOME_UNKNOWN,
-        Command.State.SENDING,
-        Command.State.PENDING,
-    ),
-    OperatorDecision.Action.ACCEPT_AMBIGUITY: (
-        Command.State.OUTCOME_UNKNOWN,
-        Command.State.SENDING,
-    ),
-    OperatorDecision.Action.RETRY: (
-        Command.State.PENDING,
-        Command.State.REJECTED,
-        Command.State.RECONCILED,
-    ),
-    OperatorDecision.Action.COMPENSATE: (Command.State.COMMITTED, Command.State.RECONCILED),
-}
 
 
 class Refused(ServiceError):
@@ -428,10 +403,7 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, OperatorDecision.Action.RETRY, seen)
-        if (
-            command.state == Command.State.RECONCILED
-            and last_finding(command) != OperatorDecision.Finding.NOT_COMMITTED
-        ):
+        if finding_refusal(OperatorDecision.Action.RETRY, state=command.state, finding=last_finding(command)):
             raise Refused(
                 ErrorCode.NOT_JUSTIFIED,
                 "The effect was reconciled as committed: a retry would duplicate it.",
@@ -468,10 +440,7 @@ def command_compensate(
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, OperatorDecision.Action.COMPENSATE, seen)
-        if (
-            command.state == Command.State.RECONCILED
-            and last_finding(command) != OperatorDecision.Finding.COMMITTED
-        ):
+        if finding_refusal(OperatorDecision.Action.COMPENSATE, state=command.state, finding=last_finding(command)):
             raise Refused(
                 ErrorCode.NOT_COMMITTED,
                 "The effect was reconciled as not committed: there is nothing to compensate.",

@@ -10,6 +10,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+# Arguments that identify an action when a contract names none: besides every *_id.
+_IDENTIFYING_NAMES = ("id", "recipient", "to", "case", "case_number", "order", "email")
+
 
 class ToolContract(models.Model):
     class ReplaySafety(models.TextChoices):
@@ -78,6 +81,12 @@ class ToolContract(models.Model):
         help_text="Only for an amount without a currency argument: the quorum applies when "
         "the amount argument is above this value.",
     )
+    identifying_arguments = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Arguments that say which action this is, shown where operators list "
+        'calls: ["payment_id"]. Empty: every argument named *_id, and recipient, to, case.',
+    )
     reject_repeats = models.BooleanField(
         default=False,
         help_text="Reject, without a review, a proposal repeating an action a reviewer "
@@ -111,6 +120,11 @@ class ToolContract(models.Model):
         if self.auto_admit and self.replay_safety != self.ReplaySafety.READ_ONLY:
             raise ValidationError({"auto_admit": "Only read-only tools may be auto-admitted."})
         properties = self.json_schema.get("properties", {})
+        names = self.identifying_arguments
+        if not isinstance(names, list) or any(n not in properties for n in names):
+            raise ValidationError(
+                {"identifying_arguments": "A list of the schema's argument names."}
+            )
         amount = properties.get(self.quorum_amount_argument, {})
         if self.quorum_amount_argument and amount.get("type") != "integer":
             raise ValidationError(
@@ -192,6 +206,19 @@ class ToolContract(models.Model):
         ):
             return self.approvals_required
         return 1
+
+    def identifying(self, arguments: dict[str, Any]) -> list[tuple[str, str]]:
+        """The arguments that say which action a call is (a payment id, a recipient, a
+        case), as (name, value) in the contract's order: ``identifying_arguments``, or by
+        name when it names none."""
+        names = self.identifying_arguments if isinstance(self.identifying_arguments, list) else []
+        if not names:
+            names = [n for n in arguments if n.endswith("_id") or n in _IDENTIFYING_NAMES]
+        return [
+            (name, str(arguments[name]))
+            for name in names
+            if isinstance(name, str) and arguments.get(name) not in (None, "", [], {})
+        ]
 
     @property
     def executed_by(self) -> str:

@@ -366,7 +366,12 @@ def investigation_page(
         "chain": (chain := chain_rows(found, tenant_names, every_step=every_step)),
         "chain_html": render_rows(
             "reconciliation/chain_rows.html",
-            {"rows": chain.rows, "show_tenant": show_tenant, "every_step_url": every_url},
+            {
+                "rows": chain.rows,
+                "show_tenant": show_tenant,
+                "every_step_url": every_url,
+                "investigate_url": reverse("reconciliation:investigations"),
+            },
         ),
         "every_step": every_step,
         "every_step_url": every_url,

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from approvals import vocabulary
+from approvals.models import Command
 from reconciliation.investigations.conflicts import Conflict, Partition, conflicts, partition
 from reconciliation.investigations.duplicates import duplicated_delivery
 from reconciliation.investigations.facts import (
@@ -52,6 +53,7 @@ class Story:
     label: str
     tone: str  # alarm, warn, ok
     meaning: str
+    next_step: str  # what an operator does about it, in one sentence
 
 
 # Worst first: the order verdicts are listed in.
@@ -60,30 +62,39 @@ STORIES: dict[str, Story] = {
         "Control failure",
         "alarm",
         "One approval authorized more than one execution: the single-use claim did not hold.",
+        "Treat it as an incident: revoke the tool's outstanding approvals, stop the runtime "
+        "that claimed twice, and compensate the extra effects from their timelines.",
     ),
     IDEMPOTENT_EXECUTION_FAILURE: Story(
         "Idempotent execution failure",
         "alarm",
         "Authorization held, but one command had more than one effect at the adapter: its "
         "idempotency key did not stop a second effect.",
+        "Compensate the extra effect from the command's timeline, and tell the adapter's owner "
+        "that the remote ignored the key.",
     ),
     DUPLICATED_AUDIT_DELIVERY: Story(
         "Duplicated audit delivery",
         "warn",
         "One producer event reached the audit trail more than once. It records one decision: "
         "counting rows would overstate what happened.",
+        "Nothing to undo: count decisions, not rows, and ask the producer why it sent the "
+        "event again.",
     ),
     HEALTHY_REDELIVERY: Story(
         "Healthy redelivery",
         "ok",
         "A claim or a command was delivered again and resolved to the existing command: one "
         "execution, one command, no second effect.",
+        "Nothing to do: the retry found the existing command and caused no second effect.",
     ),
     CONTROL_WORKING: Story(
         "Control working",
         "ok",
         "The approval authorized one execution; other executions that presented it were "
         "refused as replays.",
+        "Nothing to undo; if nobody expected a replay, find the runtime that presented the "
+        "spent token (its execution ids are below).",
     ),
 }
 
@@ -113,6 +124,8 @@ class Assessment:
     summary: str
     # Other producers' events that contradict the console's records: shown, not judged.
     conflicts: tuple[Conflict, ...] = ()
+    # The flow as it ran, named when no story applies: "Normal: 1 approval → 1 command → …".
+    normal: str = ""
 
     @property
     def codes(self) -> list[str]:
@@ -510,8 +523,8 @@ def assess(facts: Facts) -> Assessment:
         summary = "The evidence is insufficient for a verdict: see what it cannot tell, below."
     else:
         summary = (
-            "None of the five stories: one approved execution, one command, and nothing "
-            "replayed, delivered twice or executed twice."
+            "None of the five stories: nothing was replayed, delivered twice or executed "
+            "twice. Nothing to do unless the effect itself is wrong (its timeline says)."
         )
     contradicted = conflicts(facts, index.part)
     if contradicted:
@@ -519,4 +532,35 @@ def assess(facts: Facts) -> Assessment:
             " Another producer's events contradict this console's records: see the "
             "conflicts to investigate."
         )
-    return Assessment(tuple(verdicts), tuple(gaps), summary, tuple(contradicted))
+    normal = "" if verdicts or gaps else normal_flow(facts)
+    return Assessment(tuple(verdicts), tuple(gaps), summary, tuple(contradicted), normal)
+
+
+# Effect states in which the remote did act (a compensation undid an effect that was there).
+_ACTED = ("committed", "compensated")
+
+
+def _state_words(state: str) -> str:
+    try:
+        return str(Command.State(state).label).lower()
+    except ValueError:
+        return state.replace("_", " ")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def normal_flow(facts: Facts) -> str:
+    """The flow none of the stories describe, named with what it counts: "Normal: 1
+    approval → 1 command → 1 effect, committed"."""
+    effects = sum(1 for c in facts.commands if c.state in _ACTED)
+    states = sorted({_state_words(c.state) for c in facts.commands})
+    flow = " → ".join(
+        (
+            _count(len(facts.approvals), "approval"),
+            _count(len(facts.commands), "command"),
+            _count(effects, "effect"),
+        )
+    )
+    return f"Normal: {flow}, {', '.join(states) if states else 'not claimed'}"

@@ -55,11 +55,14 @@ _SINCE: dict[str, str] = {
 
 
 def _queue_querysets(
-    tenant_ids: list[int], now: datetime, tool_id: int | None
+    tenant_ids: list[int],
+    now: datetime,
+    tool_id: int | None,
+    occurrence_ids: list[Any] | None = None,
 ) -> dict[str, tuple[QuerySet[Any], str]]:
     """Per reason: the rows (the ORM twin of the statements below, which SQLite runs and
     the tests hold them equal to), and the field that says since when they need a
-    person."""
+    person. ``occurrence_ids``: only theirs (a search's answer, ``queue_search``)."""
     stuck = _stuck(now)
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
     # Never claimed: a claim consumes the approval and creates its command in one
@@ -79,6 +82,10 @@ def _queue_querysets(
         commands = commands.filter(occurrence__tool_id=tool_id)
         approvals = approvals.filter(occurrence__tool_id=tool_id)
         interruptions = interruptions.filter(command__occurrence__tool_id=tool_id)
+    if occurrence_ids is not None:
+        commands = commands.filter(occurrence_id__in=occurrence_ids)
+        approvals = approvals.filter(occurrence_id__in=occurrence_ids)
+        interruptions = interruptions.filter(command__occurrence_id__in=occurrence_ids)
     querysets = {
         QueueReason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
         QueueReason.INTERRUPTED: interruptions,
@@ -160,11 +167,18 @@ def _reason_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, 
         table += f" JOIN approvals_occurrence ot ON ot.id = {_OCCURRENCE_OF[name]}"
         condition += " AND ot.tool_id = %s"
         params.append(values["tool"])
+    if values.get("occurrences") is not None:
+        condition += f" AND {_OCCURRENCE_OF[name]} = ANY(%s)"
+        params.append(values["occurrences"])
     return table, condition, params
 
 
 def queue_counts(
-    *, tenant_ids: list[int], now: datetime, tool_id: int | None = None
+    *,
+    tenant_ids: list[int],
+    now: datetime,
+    tool_id: int | None = None,
+    occurrence_ids: list[Any] | None = None,
 ) -> dict[str, int]:
     """How many items of each reason, in one statement: each reason's count is a scalar
     subquery of its own, planned on its own index as a separate ``count()`` would be, but
@@ -172,9 +186,17 @@ def queue_counts(
     if not on_postgresql():
         return {
             reason: queryset.count()
-            for reason, (queryset, _) in _queue_querysets(tenant_ids, now, tool_id).items()
+            for reason, (queryset, _) in _queue_querysets(
+                tenant_ids, now, tool_id, occurrence_ids
+            ).items()
         }
-    values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
+    values = {
+        "tenant_ids": tenant_ids,
+        "now": now,
+        "stuck": _stuck(now),
+        "tool": tool_id,
+        "occurrences": occurrence_ids,
+    }
     columns, params = [], []
     for name in QUEUE_REASONS:
         table, condition, reason_params = _reason_sql(name, tool_id is not None, values)
@@ -221,7 +243,7 @@ def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
     occurrence (whose tool and tenant are set)."""
     if not on_postgresql():
         queryset, since_field = _queue_querysets(
-            values["tenant_ids"], values["now"], values["tool"]
+            values["tenant_ids"], values["now"], values["tool"], values["occurrences"]
         )[name]
         if name == QueueReason.INTERRUPTED:
             queryset = queryset.select_related(
@@ -268,13 +290,20 @@ def queue_items(
     tool_id: int | None = None,
     limit: int | None = None,
     counts: dict[str, int] | None = None,
+    occurrence_ids: list[Any] | None = None,
 ) -> list[QueueItem]:
     """What needs a person, oldest first: one query per reason, with the occurrence, its
     tool and tenant, then the current proposals of them all (for the amount read for
     people). Given the ``queue_counts`` just read, a reason with nothing in it is not asked
-    again."""
+    again. ``occurrence_ids``: only theirs (a search's answer)."""
     limit = QUEUE_LIMIT if limit is None else limit
-    values = {"tenant_ids": tenant_ids, "now": now, "stuck": _stuck(now), "tool": tool_id}
+    values = {
+        "tenant_ids": tenant_ids,
+        "now": now,
+        "stuck": _stuck(now),
+        "tool": tool_id,
+        "occurrences": occurrence_ids,
+    }
     items: list[QueueItem] = []
     for name in QUEUE_REASONS:
         if (reason and name != reason) or (counts is not None and not counts.get(name)):

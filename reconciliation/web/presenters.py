@@ -3,9 +3,11 @@ dimensions of an occurrence side by side, so that an operator sees why nothing r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlencode
 
 from django.urls import reverse
 
@@ -22,8 +24,8 @@ from approvals.web.money import MoneyLine, money_lines
 from approvals.web.presenters.history import HistoryLink, history_caption, history_links
 from approvals.web.shell import age
 from reconciliation import adapters
+from reconciliation.action_rules import allowed_actions, why_not
 from reconciliation.models import OperatorDecision
-from reconciliation.operator_actions import ALLOWED_FROM
 from reconciliation.selectors.queue import QueueItem, queue_item_arguments
 from reconciliation.selectors.timeline import Timeline
 
@@ -33,6 +35,7 @@ class QueueRow:
     item: QueueItem
     age: str
     money: list[MoneyLine]
+    identifiers: list[tuple[str, str]]  # (argument, value): agent-supplied, shown revealed
 
     @property
     def href(self) -> str:
@@ -46,10 +49,78 @@ class QueueRow:
 
 
 def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:
-    return [
-        QueueRow(item, age(item.since, now), money_lines(queue_item_arguments(item)))
-        for item in items
-    ]
+    rows = []
+    for item in items:
+        arguments = queue_item_arguments(item)
+        rows.append(
+            QueueRow(
+                item,
+                age(item.since, now),
+                money_lines(arguments),
+                item.occurrence.tool.identifying(arguments),
+            )
+        )
+    return rows
+
+
+# The queue's sortable columns: the key of each (the age sorts by since when, oldest first).
+QUEUE_SORTS: dict[str, Callable[[QueueRow], Any]] = {
+    "age": lambda row: row.item.since,
+    "reason": lambda row: QUEUE_REASONS.index(row.item.reason),
+    "action": lambda row: (
+        row.item.occurrence.tool.name,
+        [value for _, value in row.identifiers],
+    ),
+    "amount": lambda row: [(line.currency, line.amount_minor) for line in row.money],
+    "requester": lambda row: (row.item.occurrence.requested_by, row.item.occurrence.run_id),
+}
+
+
+def queue_sorted(rows: list[QueueRow], sort: str, descending: bool) -> list[QueueRow]:
+    return sorted(rows, key=QUEUE_SORTS[sort], reverse=descending)
+
+
+@dataclass(frozen=True)
+class SortLink:
+    column: str
+    label: str
+    url: str
+    aria_sort: str  # "ascending", "descending" or "" (not the sorted column)
+
+
+def queue_sort_links(base: str, sort: str, descending: bool) -> dict[str, SortLink]:
+    """Each sortable column's header link: the sorted column flips its direction."""
+    labels = {
+        "age": "Waiting",
+        "reason": "Reason",
+        "action": "Action",
+        "amount": "Amount",
+        "requester": "Requested by",
+    }
+    links = {}
+    for column, label in labels.items():
+        current = column == sort
+        flip = "asc" if current and descending else "desc" if current else "asc"
+        url = f"{base}{'&' if '?' in base else '?'}sort={column}&dir={flip}"
+        state = ("descending" if descending else "ascending") if current else ""
+        links[column] = SortLink(column, label, url, state)
+    return links
+
+
+class Fact(NamedTuple):
+    """One line of a dimension: an id among them leads to its investigation (``href``) and
+    has a copy button (``copy_id``: the element the button copies)."""
+
+    key: str
+    value: str
+    href: str = ""
+    copy_id: str = ""
+
+
+def _id_fact(key: str, value: str, slug: str) -> Fact:
+    """An id that is no dead end: a link to what it names, and a copy button."""
+    href = f"{reverse('reconciliation:investigations')}?{urlencode({'q': value})}"
+    return Fact(key, value, href, f"fact-{slug}")
 
 
 @dataclass(frozen=True)
@@ -57,7 +128,7 @@ class Dimension:
     title: str
     status: str  # one short phrase
     tone: str  # ok, wait, alarm
-    facts: list[tuple[str, str]] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # verbatim values (challenges)
 
 
@@ -66,8 +137,16 @@ class ActionForm:
     action: str  # URL slug
     label: str
     help: str
-    enabled: bool
     fields: list[str]  # extra fields besides the note
+
+
+@dataclass(frozen=True)
+class ActionForms:
+    """The decisions the state allows (their forms), and the others with why not: the
+    page offers only what the server accepts (``reconciliation.action_rules``)."""
+
+    offered: list[ActionForm]
+    withheld: list[tuple[str, str]]  # (label, why not)
 
 
 def _latest_finding(decisions: list[OperatorDecision]) -> str:
@@ -87,33 +166,37 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
             "Recovery",
             f"Stopped: {stop.get_kind_display().lower()}",
             "alarm",
-            [("Since", stop.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"))],
+            [Fact("Since", stop.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"))],
             [str(c) for c in stop.challenges],
         )
     elif timeline.interruptions:
         recovery = Dimension(
             "Recovery",
-            "Recovered",
+            "Recovered: every interruption resolved",
             "ok",
-            [("Stops", str(len(timeline.interruptions))), ("Open", "none")],
+            [Fact("Interruptions", str(len(timeline.interruptions))), Fact("Still open", "none")],
         )
     else:
-        recovery = Dimension("Recovery", "Nothing stopped it", "ok")
+        recovery = Dimension(
+            "Recovery", "No interruption: the remote never refused the credential", "ok"
+        )
 
     approval: Approval | None = timeline.approvals[-1] if timeline.approvals else None
-    facts: list[tuple[str, str]] = []
+    facts: list[Fact] = []
     if approval is not None:
-        state = approval_state(approval, now)
-        facts.append(("Approval", f"{state}, fingerprint {approval.fingerprint or '—'}"))
+        facts.append(Fact("Approval", approval_state(approval, now)))
+        if approval.fingerprint:
+            facts.append(_id_fact("Fingerprint", approval.fingerprint, "fingerprint"))
         if approval.consumed_by_execution:
-            facts.append(("Consumed by", approval.consumed_by_execution))
+            facts.append(_id_fact("Consumed by", approval.consumed_by_execution, "consumed-by"))
     epoch: Epoch | None = timeline.epochs[-1] if timeline.epochs else None
     if epoch is not None:
-        facts.append(("Epoch", f"{epoch.number}: {epoch.execution_id}"))
-        facts.append(("Justification", epoch.get_justification_display()))
+        facts.append(Fact("Epoch", str(epoch.number)))
+        facts.append(_id_fact("Execution", epoch.execution_id, "execution"))
+        facts.append(Fact("Justification", epoch.get_justification_display()))
     if timeline.credential_refreshed_at is not None:
         facts.append(
-            ("Credential", timeline.credential_refreshed_at.strftime("replaced %Y-%m-%d %H:%M"))
+            Fact("Credential", timeline.credential_refreshed_at.strftime("replaced %Y-%m-%d %H:%M"))
         )
     if open_stops:
         authority = Dimension(
@@ -143,14 +226,27 @@ def dimensions(timeline: Timeline, now: datetime) -> list[Dimension]:
         }.get(Command.State(command.state), "ok")
         receipts = [i.receipt for i in timeline.invocations if i.receipt]
         effect_facts = [
-            ("Command", str(command.pk)),
-            ("Idempotency key", command.idempotency_key),
-            ("Adapter calls", str(sum(1 for i in timeline.invocations if i.kind == "execute"))),
+            _id_fact("Command", str(command.pk), "command"),
+            Fact("Idempotency key", command.idempotency_key, "", "fact-key"),
+            Fact("Adapter calls", str(sum(1 for i in timeline.invocations if i.kind == "execute"))),
         ]
         if receipts:
-            effect_facts.append(("Receipt", receipts[-1]))
+            effect_facts.append(Fact("Receipt", receipts[-1], "", "fact-receipt"))
         effect = Dimension("Effect", status, tone, effect_facts)
     return [recovery, authority, effect]
+
+
+# Effects nothing more will happen to unless an operator compensates: the timeline says
+# where they stand, not why nothing runs.
+_SETTLED = (Command.State.COMMITTED, Command.State.COMPENSATED, Command.State.RECONCILED)
+
+
+def why_title(timeline: Timeline) -> str:
+    command = timeline.commands[-1] if timeline.commands else None
+    open_stop = any(i.resolved_at is None for i in timeline.interruptions)
+    if command is not None and command.state in _SETTLED and not open_stop:
+        return "Where it stands"
+    return "Why nothing runs"
 
 
 def why_nothing_runs(timeline: Timeline) -> str:
@@ -174,8 +270,9 @@ def why_nothing_runs(timeline: Timeline) -> str:
         Command.State.SENDING: "A call may be in flight; if it is stuck, query the effect.",
         Command.State.PENDING: "The command waits for delivery (or the runtime's report).",
         Command.State.REJECTED: "The remote refused it before executing it; a retry is justified.",
-        Command.State.RECONCILED: "An operator reconciled the effect.",
-    }.get(Command.State(command.state), "The effect is settled; nothing needs to run.")
+        Command.State.RECONCILED: "An operator reconciled the effect by hand; it is settled.",
+        Command.State.COMPENSATED: "The effect was undone (compensated); it is settled.",
+    }.get(Command.State(command.state), "The effect is committed: settled, nothing needs to run.")
 
 
 _ACTIONS = [
@@ -220,17 +317,21 @@ _ACTIONS = [
 ACTION_SLUGS = {slug: action for slug, action, *_ in _ACTIONS}
 
 
-def action_forms(command: Command | None, adapter: str) -> list[ActionForm]:
+def action_forms(
+    command: Command | None, adapter: str, decisions: list[OperatorDecision]
+) -> ActionForms:
     if command is None:
-        return []
-    forms = []
+        return ActionForms([], [])
+    finding = _latest_finding([d for d in decisions if d.command_id == command.pk])
+    open_now = allowed_actions(state=command.state, finding=finding, adapter=adapter)
+    offered, withheld = [], []
     for slug, action, label, help_text, extra in _ACTIONS:
-        enabled = command.state in ALLOWED_FROM[action]
-        if action == "query_effect" and not adapters.can_query(adapter):
-            enabled = False
-            help_text = "This tool's adapter cannot be asked whether an effect exists."
-        forms.append(ActionForm(slug, label, help_text, enabled, extra))
-    return forms
+        if action in open_now:
+            offered.append(ActionForm(slug, label, help_text, extra))
+        else:
+            why = why_not(action, state=command.state, finding=finding, adapter=adapter)
+            withheld.append((label, why))
+    return ActionForms(offered, withheld)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ no longer allows it."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -25,6 +26,7 @@ from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
 from reconciliation import operator_actions as operations
 from reconciliation.selectors.queue import queue_counts, queue_items
+from reconciliation.selectors.queue_search import SEARCH_MAX, queue_search
 from reconciliation.selectors.timeline import timeline_get
 from reconciliation.web import presenters
 
@@ -50,20 +52,37 @@ def queue(request: HttpRequest) -> HttpResponse:
     reason = reason if reason in QueueReason.values else ""
     tool = request.GET.get("tool", "")
     tool = tool if tool in tools else ""
+    q = request.GET.get("q", "").strip()[:SEARCH_MAX]
+    sort = request.GET.get("sort", "")
+    sort = sort if sort in presenters.QUEUE_SORTS else "age"
+    descending = request.GET.get("dir") == "desc"
     now = timezone.now()
     tenant_ids = [t.pk for t in tenants]
-    counts = queue_counts(tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool))
+    # A search names occurrences first; the queue then lists only theirs.
+    found = queue_search(q=q, tenant_ids=tenant_ids) if q else None
+    counts = queue_counts(
+        tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool), occurrence_ids=found
+    )
     items = queue_items(
-        tenant_ids=tenant_ids, now=now, reason=reason, tool_id=tools.get(tool), counts=counts
+        tenant_ids=tenant_ids,
+        now=now,
+        reason=reason,
+        tool_id=tools.get(tool),
+        counts=counts,
+        occurrence_ids=found,
     )
     total = sum(counts.values())
     matching = counts[reason] if reason else total
-    query = "&".join(f"{k}={v}" for k, v in (("reason", reason), ("tool", tool)) if v)
+    filters = urlencode([(k, v) for k, v in (("reason", reason), ("tool", tool), ("q", q)) if v])
+    base = f"{reverse('reconciliation:queue')}?{filters}"
+    rows = presenters.queue_sorted(presenters.queue_rows(items, now), sort, descending)
+    show_tenant = len(tenants) > 1
+    direction = "desc" if descending else "asc"
     context = {
         **links,
-        "rows": (rows := presenters.queue_rows(items, now)),
+        "rows": rows,
         "rows_html": render_rows(
-            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": len(tenants) > 1}
+            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": show_tenant}
         ),
         "counts": [(r, r.label, counts[r]) for r in QUEUE_REASONS],
         "total": total,
@@ -71,10 +90,13 @@ def queue(request: HttpRequest) -> HttpResponse:
         "unlisted": max(matching - len(items), 0),
         "reason": reason,
         "tool": tool,
+        "q": q,
+        "count_query": urlencode([(k, v) for k, v in (("tool", tool), ("q", q)) if v]),
+        "sorts": presenters.queue_sort_links(base, sort, descending),
         "reason_choices": presenters.REASON_CHOICES,
         "tool_choices": [("", "All tools"), *((name, name) for name in tools)],
-        "show_tenant": len(tenants) > 1,
-        "poll_url": f"{reverse('reconciliation:queue')}?{query}",
+        "show_tenant": show_tenant,
+        "poll_url": f"{base}{'&' if filters else ''}sort={sort}&dir={direction}",
         "poll_seconds": QUEUE_POLL_SECONDS,
         "announce": f"{total} item{'s' if total != 1 else ''} need a person",
     }
@@ -103,7 +125,10 @@ def _timeline_context(
         "command": command,
         "dimensions": presenters.dimensions(timeline, now),
         "why": presenters.why_nothing_runs(timeline),
-        "actions": presenters.action_forms(command, timeline.occurrence.tool.adapter),
+        "why_title": presenters.why_title(timeline),
+        "actions": presenters.action_forms(
+            command, timeline.occurrence.tool.adapter, timeline.decisions
+        ),
         # What every decision's form says it was shown.
         "seen_state": operations.seen_state(command.state, max(e.number for e in timeline.epochs))
         if command and timeline.epochs
@@ -168,11 +193,14 @@ def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpRe
                 **who, manual_evidence=request.POST.get("manual_evidence", "")
             )
     except ServiceError as refusal:
-        # The page as it stands now, with why nothing was recorded.
+        if refusal.status == 409:
+            # Refused by the state: back to the timeline as it stands now, the refusal said
+            # there (post/redirect/get: a reload shows the page again, never re-sends).
+            messages.error(request, refusal.message, extra_tags=f"refusal {refusal.code}")
+            return redirect(reverse("reconciliation:timeline", args=[command.occurrence_id]))
+        # Input the form itself requires (a note, an outcome, evidence): the page with why.
         context = _timeline_context(request, command.occurrence_id)
         context["notice"] = {"level": "error", "text": refusal.message}
-        context["failed_action"] = action
-        context["posted"] = request.POST
         status = refusal.status if 400 <= refusal.status < 500 else 409
         return render(request, TEMPLATE_TIMELINE, context, status=status)
     messages.success(request, done.message)

@@ -146,6 +146,26 @@
   document.addEventListener("DOMContentLoaded", markScrollables);
   document.addEventListener("htmx:afterSettle", markScrollables);
 
+  // --- times in the reader's zone ----------------------------------------------------
+  // The server writes UTC (it does not know the reader's zone); a <time class="local-time">
+  // is rewritten in the browser's own zone, its title keeping the UTC it came with.
+
+  var localTimes = function (root) {
+    if (!window.Intl || !root.querySelectorAll) return;
+    var format = new Intl.DateTimeFormat(undefined, {
+      year: "numeric", month: "2-digit", day: "2-digit",
+      hour: "2-digit", minute: "2-digit", timeZoneName: "short"
+    });
+    root.querySelectorAll("time.local-time[datetime]").forEach(function (el) {
+      var moment = new Date(el.getAttribute("datetime"));
+      if (!isNaN(moment.getTime())) el.textContent = format.format(moment);
+    });
+  };
+  document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (event.target) localTimes(event.target.parentElement || document);
+  });
+
   // --- focus across swaps -----------------------------------------------------------
   // htmx puts focus back on an element with the same id after a swap. When the focused
   // control is gone (its row left the inbox, the Approve button after a decision), focus

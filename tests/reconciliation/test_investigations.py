@@ -43,6 +43,7 @@ from reconciliation.investigations.verdict import (
     DUPLICATED_AUDIT_DELIVERY,
     HEALTHY_REDELIVERY,
     IDEMPOTENT_EXECUTION_FAILURE,
+    STORIES,
     assess,
 )
 from reconciliation.models import AdapterInvocation
@@ -130,6 +131,20 @@ def console_claim(*more: EventFact, state: str = "committed", **facts: Any) -> F
         events_total=1 + len(more),
         **facts,
     )
+
+
+def test_a_normal_flow_is_named_with_what_it_counts_and_every_story_says_what_to_do() -> None:
+    assessment = assess(console_claim())
+
+    assert assessment.codes == [] and not assessment.gaps
+    assert assessment.normal == "Normal: 1 approval → 1 command → 1 effect, committed"
+    assert "Nothing to do unless the effect itself is wrong" in assessment.summary
+    waiting = assess(console_claim(state="pending", invocations=()))
+    assert waiting.normal == "Normal: 1 approval → 1 command → 0 effects, not sent"
+    for code, story in STORIES.items():
+        assert story.next_step.endswith(".") and story.next_step.count(". ") == 0, code
+    working = assess(console_claim(event("claim.replayed", execution_id="b", command_id="")))
+    assert working.codes == [CONTROL_WORKING] and working.normal == ""
 
 
 def test_control_working_one_approved_execution_and_replays_denied() -> None:
@@ -740,7 +755,7 @@ def test_story_another_producer_reports_a_second_approved_execution(
     page = page_of(ops, story.fingerprint)
 
     assert verdicts(page) == []
-    assert "Verdict: none of the five stories" in page
+    assert "Verdict: Normal: 1 approval → 1 command → " in page
     conflicts = page[page.index('id="verdict-conflicts"') :]
     assert "An external producer reports a second approved execution" in conflicts
     assert "runtime key “legacy-worker”" in conflicts
@@ -1103,7 +1118,12 @@ def chain_row(row: Any, show_tenant: bool, every_step_url: str = "") -> str:
     """One row of the investigation's chain, as its page renders it."""
     from approvals.web.jinja import render_rows
 
-    context = {"rows": [row], "show_tenant": show_tenant, "every_step_url": every_step_url}
+    context = {
+        "rows": [row],
+        "show_tenant": show_tenant,
+        "every_step_url": every_step_url,
+        "investigate_url": "/investigations/",
+    }
     return render_rows("reconciliation/chain_rows.html", context).strip()
 
 
@@ -1138,7 +1158,8 @@ def test_a_chain_row_escapes_what_producers_wrote_and_marks_each_kind_of_step() 
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert '<td><code class="agent-text small">—</code></td>' in html  # no message id
     assert (
-        '<code class="mono small" title="0ea770c8-cc7d-4189-83d0-c9e8587e8a09">0ea770c8…</code>'
+        '<code class="mono small"><a href="/investigations/?q=0ea770c8-cc7d-4189-83d0-c9e8587e8a09"'
+        ' title="Investigate command 0ea770c8-cc7d-4189-83d0-c9e8587e8a09">0ea770c8…</a></code>'
         in html
     )
     assert 'runtime &lt;key&gt; <span class="flag flag--duplicate">delivered \u00d73</span>' in html

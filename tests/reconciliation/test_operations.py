@@ -57,6 +57,16 @@ def act(client: Client, command: Command, action: str, **fields: str) -> Any:
     )
 
 
+def refused(client: Client, response: Any, command: Command) -> str:
+    """A refusal answers with a redirect to the timeline (post/redirect/get: a reload never
+    re-sends); the page it leads to says why, in its alert."""
+    assert response.status_code == 302, response.status_code
+    assert response["Location"] == f"/operations/occurrences/{command.occurrence_id}/"
+    page = client.get(response["Location"])
+    assert page.status_code == 200
+    return str(page.content.decode())
+
+
 def unknown_message(
     runtime: Runtime, reviewer: Any, remote: SandboxProcess, ref: str = ""
 ) -> Command:
@@ -407,8 +417,7 @@ def test_query_effect_is_refused_for_an_adapter_that_cannot_answer(
 
     response = act(ops, command, "query-effect")
 
-    assert response.status_code == 409
-    assert "cannot be asked about an effect" in response.content.decode()
+    assert "cannot be asked about an effect" in refused(ops, response, command)
     assert not OperatorDecision.objects.exists()
 
 
@@ -503,8 +512,7 @@ def test_a_decision_the_state_no_longer_allows_is_refused_with_the_new_state(
     late = act(second, command, "accept-ambiguity", note="resend it")
 
     assert first.status_code == 302
-    assert late.status_code == 409
-    page = late.content.decode()
+    page = refused(second, late, command)
     assert "Refused: the effect is now reconciled" in page
     assert OperatorDecision.objects.count() == 1
     assert Epoch.objects.filter(occurrence_id=command.occurrence_id).count() == 1
@@ -518,8 +526,7 @@ def test_a_retry_is_refused_when_the_effect_was_reconciled_as_committed(
 
     response = act(ops, command, "retry")
 
-    assert response.status_code == 409
-    assert "would duplicate it" in response.content.decode()
+    assert "would duplicate it" in refused(ops, response, command)
 
 
 def test_an_unknown_action_is_404(
@@ -611,8 +618,7 @@ def test_a_query_answer_that_arrives_after_the_state_moved_is_kept_on_its_invoca
 
     response = act(ops, command, "query-effect")
 
-    assert response.status_code == 409
-    assert "its answer is kept on the invocation" in response.content.decode()
+    assert "its answer is kept on the invocation" in refused(ops, response, command)
     query = AdapterInvocation.objects.get(command=command, justification="operator_query")
     assert query.finished_at is not None
     assert (query.outcome, query.receipt) == ("committed", refund["id"])
@@ -633,13 +639,12 @@ def test_a_reversal_the_remote_refused_keeps_its_answer_and_leaves_nothing_open(
     command_dispatch(command_id=command.pk)
     remote.fault("declined")
 
-    refused = act(ops, command, "compensate", note="refunded twice by hand")
+    refusal = act(ops, command, "compensate", note="refunded twice by hand")
 
-    assert refused.status_code == 409
     failed = AdapterInvocation.objects.get(command=command, kind="compensate")
     assert failed.finished_at is not None
     assert failed.outcome == "rejected" and "402 declined" in failed.detail
-    page = refused.content.decode()
+    page = refused(ops, refusal, command)
     assert "The adapter did not confirm the reversal: 402 declined" in page
     assert "the effect is still committed" in page
     command.refresh_from_db()
@@ -683,10 +688,11 @@ def test_a_second_compensation_while_one_is_out_is_refused_with_the_state(
 
     assert first.status_code == 302
     for response in meanwhile:
-        assert response.status_code == 409
-        page = response.content.decode()
-        assert "a compensation of this effect is already in progress (invocation 2" in page
-        assert "The effect is still committed. Nothing was recorded." in page
+        assert response.status_code == 302
+    # Both refusals are said on the timeline the second operator is sent back to.
+    page = refused(second, meanwhile[0], command)
+    assert page.count("a compensation of this effect is already in progress (invocation 2") == 2
+    assert "The effect is still committed. Nothing was recorded." in page
     assert len(_reversals(remote)) == 1
     assert list(OperatorDecision.objects.values_list("operator", flat=True)) == ["otto"]
 
@@ -722,8 +728,7 @@ def test_a_compensation_left_unfinished_by_a_dead_request_is_given_up_and_its_an
     late = act(ops, command, "compensate")
 
     assert meanwhile[0].status_code == 302
-    assert late.status_code == 409
-    assert "changed to compensated meanwhile" in late.content.decode()
+    assert "changed to compensated meanwhile" in refused(ops, late, command)
     given_up, done = AdapterInvocation.objects.filter(command=command, kind="compensate")
     [refund] = remote.refunds()
     assert given_up.outcome == "abandoned" and given_up.finished_at is not None
@@ -773,8 +778,7 @@ def test_a_decision_made_on_a_page_another_decision_overtook_is_refused(
         second, command, "reconcile", outcome="not_committed", evidence="no mail", seen_state=seen
     )
 
-    assert late.status_code == 409
-    page = late.content.decode()
+    page = refused(second, late, command)
     assert "Refused: the effect is now outcome unknown (epoch 2), not what your page showed" in page
     assert shown_state(second, command) == "outcome_unknown:2", "the page as it is now"
     assert list(OperatorDecision.objects.values_list("action", flat=True)) == ["accept_ambiguity"]

@@ -1,6 +1,7 @@
 """Operators deciding about one command at once, in separate OS processes released by a
 barrier, over HTTP against the real sandbox: one decision wins, every other operator is
-refused with the state as it now stands (a 409, never a 503), and the remote is called once.
+refused with the state as it now stands (sent back to the timeline, which says so; never a
+503), and the remote is called once.
 """
 
 from __future__ import annotations
@@ -47,20 +48,22 @@ _NOTICE = re.compile(r'id="operator-notice"[^>]*>([^<]*)<')
 
 def decide_job(
     username: str, command_id: str, action: str, seen_state: str, deliver: bool = False
-) -> tuple[int, str]:
-    """One operator's POST of a decision from the page they were shown: (status, the
-    refusal's notice). ``deliver``: a winning decision's delivery starts at once, as a
-    worker picks up its message."""
+) -> tuple[str, str]:
+    """One operator's POST of a decision from the page they were shown: ("decided" or
+    "refused", the refusal's notice on the timeline the answer redirects to). ``deliver``:
+    a winning decision's delivery starts at once, as a worker picks up its message."""
     client = Client()
     client.force_login(get_user_model().objects.get(username=username))
     response = client.post(
         f"/operations/commands/{command_id}/{action}",
         {"note": f"{username} decided", "seen_state": seen_state},
     )
-    if response.status_code == 302 and deliver:
+    # Winner and losers alike are sent back to the timeline (post/redirect/get).
+    assert response.status_code == 302, response.status_code
+    found = _NOTICE.search(client.get(response["Location"]).content.decode())
+    if found is None and deliver:
         command_dispatch(command_id=command_id, message_id=f"after-{username}")
-    found = _NOTICE.search(response.content.decode())
-    return response.status_code, unescape(found.group(1)) if found else ""
+    return ("refused", unescape(found.group(1))) if found else ("decided", "")
 
 
 _SEEN_STATE = re.compile(r'name="seen_state" value="([^"]*)"')
@@ -141,9 +144,12 @@ def test_operators_compensating_at_once_call_the_remote_once(
         )
 
         assert len(_reversals(remote, command)) == 1, ("one reversal call", results)
-        assert Counter(status for status, _ in results) == {302: 1, 409: OPERATORS - 1}, results
+        assert Counter(status for status, _ in results) == {
+            "decided": 1,
+            "refused": OPERATORS - 1,
+        }, results
         for status, notice in results:
-            if status == 409:
+            if status == "refused":
                 # Refused while the winner's call was out, or after it settled the effect.
                 assert (
                     "a compensation of this effect is already in progress" in notice
@@ -187,11 +193,11 @@ def test_operators_accepting_one_ambiguity_at_once_never_deadlock(
         )
 
         assert Counter(status for status, _ in results) == {
-            302: 1,
-            409: AMBIGUITY_OPERATORS - 1,
+            "decided": 1,
+            "refused": AMBIGUITY_OPERATORS - 1,
         }, results
         for status, notice in results:
-            if status == 409:
+            if status == "refused":
                 assert notice.startswith("Refused: the effect is now "), notice
         epochs = Epoch.objects.filter(occurrence_id=command.occurrence_id)
         assert epochs.count() == 2
