@@ -10,11 +10,8 @@ counts it, the second request reads and never writes.
 
 from __future__ import annotations
 
-import os
-import uuid
 from typing import Any
 
-import pytest
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -27,27 +24,12 @@ UNKNOWN = "00000000-0000-4000-8000-000000000000"
 _WRITES = ("INSERT", "UPDATE", "DELETE", "MERGE")
 
 
-@pytest.fixture
-def redis_rate_limit(settings: Any) -> str:
-    """The rate limit counted in the Redis ``REDIS_URL`` names, under a prefix of this
-    test's own (test databases of parallel workers reuse key ids)."""
-    url = os.environ.get("REDIS_URL", "")
-    if not url:
-        pytest.fail("REDIS_URL is not set: run bin/test, which starts a Redis.", pytrace=False)
-    settings.API_RATE_LIMIT_REDIS_URL = url
-    settings.API_RATE_LIMIT_REDIS_PREFIX = f"test-ratelimit:{uuid.uuid4().hex}"
-    return url
-
-
 def writes(queries: CaptureQueriesContext) -> list[str]:
     return [
         q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith(_WRITES)
     ]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the rate limit upserts its counter row on every request (issue 28)"
-)
 def test_the_cheapest_authenticated_call_writes_nothing(
     runtime: Runtime, redis_rate_limit: str
 ) -> None:
@@ -62,9 +44,6 @@ def test_the_cheapest_authenticated_call_writes_nothing(
     assert writes(queries) == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the rate limit upserts its counter row on every request (issue 28)"
-)
 def test_a_reviewer_access_tokens_call_writes_nothing(
     reviewer: Any, tenant: Tenant, redis_rate_limit: str
 ) -> None:
