@@ -258,14 +258,20 @@ DATABASES = {
         conn_max_age=0 if SERVED_BY_ASGI else env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
         # A persistent connection is checked before a request uses it, so the first request
         # after the database comes back reconnects instead of failing on the dead one.
-        # Under ASGI, Django passes the same check to the pool: a connection is checked when
-        # borrowed, so a restarted database costs one failed check, not a request.
+        # Under ASGI, a connection is checked when borrowed from the pool, so a restarted
+        # database costs one failed check, not a request. Either check looks at the socket
+        # first and asks the server only when it has something to say (a closure):
+        # config/postgresql/health.py. The pool's own check (a round trip on every borrow)
+        # is off, below.
         conn_health_checks=True,
     )
 }
 if SERVED_BY_ASGI and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Per process: DB_POOL_MAX connections at most (plan WEB_CONCURRENCY x DB_POOL_MAX below
     # max_connections); a request waits up to DB_POOL_TIMEOUT seconds for one, then fails.
+    # The pool's connections are checked by the backend when borrowed (above), not by
+    # psycopg_pool's round trip, which Django would hand the pool with this on.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("DB_POOL_MIN", 2),
         "max_size": env_int("DB_POOL_MAX", 10, minimum=1),
