@@ -259,10 +259,8 @@ DATABASES = {
         # A persistent connection is checked before a request uses it, so the first request
         # after the database comes back reconnects instead of failing on the dead one.
         # Under ASGI, a connection is checked when borrowed from the pool, so a restarted
-        # database costs one failed check, not a request. Either check looks at the socket
-        # first and asks the server only when it has something to say (a closure):
-        # config/postgresql/health.py. The pool's own check (a round trip on every borrow)
-        # is off, below.
+        # database costs one failed check, not a request. Either check reads the socket
+        # first and asks the server only if it has something to say (config/postgresql).
         conn_health_checks=True,
     )
 }
