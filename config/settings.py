@@ -202,7 +202,7 @@ MIDDLEWARE = [
     "approvals.web.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the app itself (hashed, compressed), before sessions and the rest.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "config.staticfiles.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
