@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
@@ -106,11 +107,28 @@ class ErrorPagesMiddleware:
     authentication middleware (the 404 page shows who is signed in) and inside the CSP
     and no-store middleware, which apply to its pages as to any other."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    # Runs as the chain around it runs (on the event loop under ASGI, where the page for
+    # a 404 is rendered in a thread); with DEBUG off it only passes the request on.
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        return self._console_404(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        response = await self.get_response(request)
+        if not settings.DEBUG:
+            return response
+        return await sync_to_async(self._console_404)(request, response)
+
+    def _console_404(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
         # No URL pattern matched: Django answered with its technical 404 before any view
         # (or this middleware's process_exception) ran, so resolver_match is still None.
         if (

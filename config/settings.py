@@ -202,7 +202,7 @@ MIDDLEWARE = [
     "approvals.web.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the app itself (hashed, compressed), before sessions and the rest.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "config.staticfiles.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -258,14 +258,18 @@ DATABASES = {
         conn_max_age=0 if SERVED_BY_ASGI else env_int("CONN_MAX_AGE", 0 if DEBUG else 60),
         # A persistent connection is checked before a request uses it, so the first request
         # after the database comes back reconnects instead of failing on the dead one.
-        # Under ASGI, Django passes the same check to the pool: a connection is checked when
-        # borrowed, so a restarted database costs one failed check, not a request.
+        # Under ASGI, a connection is checked when borrowed from the pool, so a restarted
+        # database costs one failed check, not a request. Either check reads the socket
+        # first and asks the server only if it has something to say (config/postgresql).
         conn_health_checks=True,
     )
 }
 if SERVED_BY_ASGI and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Per process: DB_POOL_MAX connections at most (plan WEB_CONCURRENCY x DB_POOL_MAX below
     # max_connections); a request waits up to DB_POOL_TIMEOUT seconds for one, then fails.
+    # The pool's connections are checked by the backend when borrowed (above), not by
+    # psycopg_pool's round trip, which Django would hand the pool with this on.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("DB_POOL_MIN", 2),
         "max_size": env_int("DB_POOL_MAX", 10, minimum=1),
@@ -358,8 +362,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 
 # Requests per runtime key per window (fixed windows; a tenant's own limit, set in the
 # admin, wins); beyond it the API answers 429 rate_limited with Retry-After. Counted in
-# PostgreSQL, one atomic upsert per request, so the limit holds across web processes
-# (approvals/ratelimit.py says why not the cache).
+# Redis when there is one (API_RATE_LIMIT_REDIS_URL, below), else in the database, one
+# atomic upsert per request; either way the limit holds across web processes
+# (approvals/access/ratelimit.py).
 API_RATE_LIMIT = env_int("API_RATE_LIMIT", 600, minimum=1)
 API_RATE_WINDOW_SECONDS = env_int("API_RATE_WINDOW_SECONDS", 60, minimum=1)
 # GET /api/v1/occurrences/{id}?wait=N (approvals/longpoll.py): the longest wait a client may
@@ -481,6 +486,23 @@ CELERY_TASK_ROUTES = {
     "approvals.tasks.callback_deliver": {"queue": CALLBACKS_QUEUE},
     "approvals.tasks.callbacks_sweep": {"queue": CALLBACKS_QUEUE},
 }
+# The Redis the rate limit counts in (approvals/access/ratecounter.py): a request within
+# its limit then writes nothing to the database. Unset, the broker's when it is Redis;
+# "none" (or no Redis broker) counts in the database, as the demo on SQLite does.
+_rate_limit_redis = _env("API_RATE_LIMIT_REDIS_URL")
+if _rate_limit_redis is None:
+    _rate_limit_redis = (
+        CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
+    )
+elif _rate_limit_redis.lower() == "none":
+    _rate_limit_redis = ""
+elif not _rate_limit_redis.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(
+        f"API_RATE_LIMIT_REDIS_URL={_rate_limit_redis!r} is not a redis:// URL "
+        '(or "none" to count in the database).'
+    )
+API_RATE_LIMIT_REDIS_URL = _rate_limit_redis
+API_RATE_LIMIT_REDIS_PREFIX = _env("API_RATE_LIMIT_REDIS_PREFIX") or "console:ratelimit"
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
 CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
 # A console-executed command still pending this long after its last change was never

@@ -14,6 +14,11 @@ file missing from it is an error, as it would be in production.
 
 from __future__ import annotations
 
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.http import HttpRequest
+from whitenoise.middleware import WhiteNoiseMiddleware
 from whitenoise.storage import CompressedManifestStaticFilesStorage
 
 
@@ -25,3 +30,36 @@ class ConsoleStaticFilesStorage(CompressedManifestStaticFilesStorage):
             return name
         stored: str = super().stored_name(name)
         return stored
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise's middleware, async-capable, so that under ASGI a request that is not for
+    a static file goes on down the chain on the event loop: WhiteNoise's own middleware is
+    sync only, and one sync middleware makes Django run the chain below it in a thread.
+
+    The lookup is WhiteNoise's: a dict read of the collected files, or, where nothing was
+    collected (``autorefresh``: the demo, the tests), its finders, which touch the
+    filesystem and so run in a thread. ``files``, ``autorefresh``, ``find_file`` and
+    ``serve`` are what WhiteNoise's own ``__call__`` uses (whitenoise 6.x)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        super().__init__(get_response)
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        return super().__call__(request)
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        if self.autorefresh:
+            static_file = await sync_to_async(self.find_file)(request.path_info)
+        else:
+            static_file = self.files.get(request.path_info)
+        if static_file is not None:
+            return await sync_to_async(self.serve)(static_file, request)
+        return await self.get_response(request)

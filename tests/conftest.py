@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,3 +227,16 @@ def token(runtime: Runtime, approved: str) -> str:
     assert response.status_code == 200, response.content
     value: str = response.json()["token"]
     return value
+
+
+@pytest.fixture
+def redis_rate_limit(settings: Any) -> str:
+    """The API's rate limit counted in the Redis ``REDIS_URL`` names (as a deployment with
+    a Redis broker counts it), under a key prefix of this test's own: the test databases of
+    parallel workers reuse key ids."""
+    url = os.environ.get("REDIS_URL", "")
+    if not url:
+        pytest.fail("REDIS_URL is not set: run bin/test, which starts a Redis.", pytrace=False)
+    settings.API_RATE_LIMIT_REDIS_URL = url
+    settings.API_RATE_LIMIT_REDIS_PREFIX = f"test-ratelimit:{uuid.uuid4().hex}"
+    return url

@@ -6,13 +6,21 @@ Every API request a runtime key makes is counted in a fixed window of
 limit (``Tenant.api_rate_limit``, else ``API_RATE_LIMIT``) the API answers ``429
 rate_limited`` with ``Retry-After`` until the window ends, and writes nothing else.
 
-Why a row in the database rather than Django's cache: the counter has to be one counter for
-every web process. ``LocMemCache`` is per process (four gunicorn workers would allow four
-times the limit), ``DatabaseCache.incr`` is a read and a write (concurrent requests lose
-counts), and a Redis cache would make Redis a requirement of the web tier, which otherwise
-needs only PostgreSQL. The upsert is atomic across processes on PostgreSQL (and on SQLite,
-which has one writer), costs one statement per request, and leaves at most a few rows per
-active key: a window's row is deleted when it is reported.
+The counter has to be one counter for every web process. ``LocMemCache`` is per process
+(four gunicorn workers would allow four times the limit) and ``DatabaseCache.incr`` is a
+read and a write (concurrent requests lose counts). The upsert is atomic across processes
+on PostgreSQL (and on SQLite, which has one writer), costs one statement per request, and
+leaves at most a few rows per active key: a window's row is deleted when it is reported.
+
+With Redis (``API_RATE_LIMIT_REDIS_URL``, by default the Celery broker's when it is Redis)
+the requests are counted there instead (``approvals.access.ratecounter``: an atomic
+``INCR`` with the window's expiry), and a request within its limit writes nothing to the
+database. The row is written only for what must be reported: a request over the limit
+(the row keeps the highest count Redis gave) and an unknown token's refusal. Everything
+else reads as above: the same 429, the same ``Retry-After``, the same burst event, whose
+``requests`` is Redis's count of the window while Redis still has it. When Redis does not
+answer, requests are counted in the database as above until it does, so during an outage
+a window's requests are split between the two counters (the limit holds for each).
 
 Refused claims with a token the tenant never issued (``unknown_token``) are counted in the
 same row. The first ``API_AUDITED_REFUSALS_PER_WINDOW`` (20) per key and window are audited
@@ -46,6 +54,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 
+from approvals.access import ratecounter
 from approvals.access.reviewer_tokens import via
 from approvals.audit.record import audit_record
 from approvals.models import ReviewerToken, ReviewerTokenUsage, RuntimeKey, RuntimeKeyUsage, Tenant
@@ -120,15 +129,57 @@ class Admission(NamedTuple):
     retry_after: int
 
 
+# With Redis counting: the row keeps the highest count Redis gave (requests arrive in any
+# order), and the refusals add up as above.
+_UPSERT_SEEN = """
+    INSERT INTO {usage} AS u (runtime_key_id, window_start, window_seconds, request_limit,
+                              requests, unknown_token_refusals)
+    VALUES (%s, %s, %s, %s, %s, %s)
+    ON CONFLICT (runtime_key_id, window_start) DO UPDATE
+       SET requests = CASE WHEN EXCLUDED.requests > u.requests
+                           THEN EXCLUDED.requests ELSE u.requests END,
+           unknown_token_refusals = u.unknown_token_refusals + EXCLUDED.unknown_token_refusals,
+           request_limit = EXCLUDED.request_limit
+    RETURNING requests, unknown_token_refusals
+"""
+
+_KEYS = "rk"  # ratecounter's name for runtime keys' counters
+_TOKENS = "rt"  # and for reviewers' access tokens'
+
+
+def _upsert_seen(
+    key: RuntimeKey, window: Window, *, requests: int, refusals: int
+) -> tuple[int, int]:
+    sql = _UPSERT_SEEN.format(usage=RuntimeKeyUsage._meta.db_table)
+    params = (key.pk, window.start, window.seconds, request_limit(key), requests, refusals)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    ratecounter.rows_written(_KEYS, key.pk)
+    return int(row[0]), int(row[1])
+
+
 def request_admit(key: RuntimeKey) -> Admission:
     """Count one request of the key in the current window; say whether it is within the
     limit. The first request of a window also reports the key's ended windows."""
     at = now()
     window = current_window(at)
-    requests, _ = _upsert(key, window, requests=1, refusals=0)
-    if requests == 1:
-        usage_report_closed_windows(runtime_key_id=key.pk, at=at)
     limit = request_limit(key)
+    counted = None
+    if ratecounter.enabled():
+        counted = ratecounter.count(_KEYS, key.pk, window.start, window.seconds)
+    if counted is None:
+        requests, _ = _upsert(key, window, requests=1, refusals=0)
+        report = requests == 1
+    else:
+        requests, rows = counted
+        report = requests == 1 and rows
+        if report:
+            ratecounter.rows_reported(_KEYS, key.pk)
+        if requests > limit:
+            _upsert_seen(key, window, requests=requests, refusals=0)
+    if report:
+        usage_report_closed_windows(runtime_key_id=key.pk, at=at)
     return Admission(requests <= limit, requests, limit, window.retry_after(at))
 
 
@@ -136,7 +187,12 @@ def unknown_token_refusal_counted(key: RuntimeKey) -> bool:
     """Count a refused claim with a token the tenant never issued; True if it is among the
     first ``API_AUDITED_REFUSALS_PER_WINDOW`` of the key's window and so is audited one by
     one, False if only the window's burst event will count it."""
-    _, refusals = _upsert(key, current_window(), requests=0, refusals=1)
+    window = current_window()
+    if ratecounter.enabled():
+        (requests,) = ratecounter.requests_in(_KEYS, key.pk, [window.start])
+        _, refusals = _upsert_seen(key, window, requests=requests or 0, refusals=1)
+    else:
+        _, refusals = _upsert(key, window, requests=0, refusals=1)
     return refusals <= audited_refusals_per_window()
 
 
@@ -150,16 +206,42 @@ _TOKEN_UPSERT = """
 """
 
 
+_TOKEN_UPSERT_SEEN = """
+    INSERT INTO {usage} AS u (reviewer_token_id, window_start, window_seconds, request_limit,
+                              requests)
+    VALUES (%s, %s, %s, %s, %s)
+    ON CONFLICT (reviewer_token_id, window_start) DO UPDATE
+       SET requests = CASE WHEN EXCLUDED.requests > u.requests
+                           THEN EXCLUDED.requests ELSE u.requests END,
+           request_limit = EXCLUDED.request_limit
+"""
+
+
 def token_request_admit(token: ReviewerToken) -> Admission:
     """``request_admit`` for a reviewer's access token: its own counter, the same limit."""
     at = now()
     window = current_window(at)
     limit = request_limit(token)
-    sql = _TOKEN_UPSERT.format(usage=ReviewerTokenUsage._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, (token.pk, window.start, window.seconds, limit))
-        (requests,) = cursor.fetchone()
-    if requests == 1:
+    counted = None
+    if ratecounter.enabled():
+        counted = ratecounter.count(_TOKENS, token.pk, window.start, window.seconds)
+    if counted is None:
+        sql = _TOKEN_UPSERT.format(usage=ReviewerTokenUsage._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (token.pk, window.start, window.seconds, limit))
+            (requests,) = cursor.fetchone()
+        report = requests == 1
+    else:
+        requests, rows = counted
+        report = requests == 1 and rows
+        if report:
+            ratecounter.rows_reported(_TOKENS, token.pk)
+        if requests > limit:
+            sql = _TOKEN_UPSERT_SEEN.format(usage=ReviewerTokenUsage._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.execute(sql, (token.pk, window.start, window.seconds, limit, requests))
+            ratecounter.rows_written(_TOKENS, token.pk)
+    if report:
         token_usage_report_closed_windows(reviewer_token_id=token.pk, at=at)
     return Admission(requests <= limit, int(requests), limit, window.retry_after(at))
 
@@ -181,6 +263,13 @@ class _Ended(NamedTuple):
     request_limit: int
     requests: int
     unknown_token_refusals: int
+
+
+def _counted(kind: str, caller_id: int, ended: _Ended | _TokenEnded) -> int:
+    """An ended window's requests: Redis's count while it has one (the row holds the count
+    when it was last written), else the row's."""
+    (counted,) = ratecounter.requests_in(kind, caller_id, [ended.window_start])
+    return max(ended.requests, counted or 0)
 
 
 def _iso(seconds: int) -> str:
@@ -209,6 +298,8 @@ def usage_report_closed_windows(
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             ended = [_Ended(*row) for row in cursor.fetchall()]
+        if ratecounter.enabled():
+            ended = [e._replace(requests=_counted(_KEYS, e.runtime_key_id, e)) for e in ended]
         bursts = [
             e for e in ended if e.requests > e.request_limit or e.unknown_token_refusals > audited
         ]
@@ -280,6 +371,8 @@ def token_usage_report_closed_windows(
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             ended = [_TokenEnded(*row) for row in cursor.fetchall()]
+        if ratecounter.enabled():
+            ended = [e._replace(requests=_counted(_TOKENS, e.reviewer_token_id, e)) for e in ended]
         bursts = [e for e in ended if e.requests > e.request_limit]
         if not bursts:
             return 0

@@ -35,6 +35,8 @@ from django.db.backends.postgresql import base
 from django.db.backends.postgresql.psycopg_any import BaseTzLoader, get_adapters_template
 from psycopg import DataError, adapt
 
+from config.postgresql import health
+
 
 class UnrepresentableTime(datetime):
     """A stored time outside Python's years 1-9999 (in UTC): the nearest time Python holds,
@@ -93,3 +95,25 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if "context" in params:  # psycopg 3; the pool's connections are made from these too
             params["context"] = adapters_template(settings.USE_TZ, self.timezone)
         return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        # From the pool (under ASGI), checked by its socket (config/postgresql/health.py)
+        # rather than by psycopg_pool's round trip, which settings.py turns off there. A
+        # connection that fails goes back to the pool, which drops it and makes another;
+        # after a restart every pooled connection may be dead, hence the bound.
+        connection = super().get_new_connection(conn_params)
+        pool = self.pool  # type: ignore[attr-defined]  # Django 5.1+, not in django-stubs yet
+        if pool is None:
+            return connection
+        for _ in range(pool.max_size + 1):
+            if health.healthy(connection):
+                return connection
+            pool.putconn(connection)
+            connection = super().get_new_connection(conn_params)
+        return connection
+
+    def is_usable(self) -> bool:
+        # A kept connection (CONN_MAX_AGE), checked before each request's first query.
+        if self.connection is not None and health.looks_alive(self.connection):
+            return True
+        return bool(super().is_usable())
