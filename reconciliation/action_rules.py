@@ -14,10 +14,26 @@ Finding = OperatorDecision.Finding
 # Where each action may start from. A state outside its set means another operator (or the
 # worker) got there first: the action is refused and the page shows the new state.
 ALLOWED_FROM: dict[str, tuple[str, ...]] = {
-    OperatorDecision.Action.QUERY_EFFECT: (Command.State.OUTCOME_UNKNOWN, Command.State.SENDING, Command.State.PENDING, Command.State.REJECTED),
-    OperatorDecision.Action.RECONCILE: (Command.State.OUTCOME_UNKNOWN, Command.State.SENDING, Command.State.PENDING),
-    OperatorDecision.Action.ACCEPT_AMBIGUITY: (Command.State.OUTCOME_UNKNOWN, Command.State.SENDING),
-    OperatorDecision.Action.RETRY: (Command.State.PENDING, Command.State.REJECTED, Command.State.RECONCILED),
+    OperatorDecision.Action.QUERY_EFFECT: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+        Command.State.REJECTED,
+    ),
+    OperatorDecision.Action.RECONCILE: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+        Command.State.PENDING,
+    ),
+    OperatorDecision.Action.ACCEPT_AMBIGUITY: (
+        Command.State.OUTCOME_UNKNOWN,
+        Command.State.SENDING,
+    ),
+    OperatorDecision.Action.RETRY: (
+        Command.State.PENDING,
+        Command.State.REJECTED,
+        Command.State.RECONCILED,
+    ),
     OperatorDecision.Action.COMPENSATE: (Command.State.COMMITTED, Command.State.RECONCILED),
 }
 

@@ -403,7 +403,9 @@ def command_retry(*, command_id: Any, operator: str, note: str, seen: str | None
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, OperatorDecision.Action.RETRY, seen)
-        if finding_refusal(OperatorDecision.Action.RETRY, state=command.state, finding=last_finding(command)):
+        if finding_refusal(
+            OperatorDecision.Action.RETRY, state=command.state, finding=last_finding(command)
+        ):
             raise Refused(
                 ErrorCode.NOT_JUSTIFIED,
                 "The effect was reconciled as committed: a retry would duplicate it.",
@@ -440,7 +442,9 @@ def command_compensate(
     with transaction.atomic():
         command = _lock(command_id)
         _refuse_unless(command, OperatorDecision.Action.COMPENSATE, seen)
-        if finding_refusal(OperatorDecision.Action.COMPENSATE, state=command.state, finding=last_finding(command)):
+        if finding_refusal(
+            OperatorDecision.Action.COMPENSATE, state=command.state, finding=last_finding(command)
+        ):
             raise Refused(
                 ErrorCode.NOT_COMMITTED,
                 "The effect was reconciled as not committed: there is nothing to compensate.",
