@@ -87,9 +87,11 @@ def test_inbox_poll_keeps_focus_on_the_review_link_or_its_replacement(
     _expect_said(page, said)
     assert_one_polite_live_region(page)
 
-    # The keyboard goes on from there, not from "Skip to content": back to the filters.
+    # The keyboard goes on from there, not from "Skip to content": back to the filters
+    # (whose last stop is the link to my approvals that went wrong).
     page.keyboard.press("Shift+Tab")
-    assert page.evaluate("document.activeElement.textContent.trim()") == "Filter"
+    assert page.evaluate("document.activeElement.closest('form')?.id") == "inbox-filters"
+    assert active_element(page) == "a#went-wrong-link"
 
 
 def test_the_decision_panel_keeps_focus_and_says_each_change_once(
