@@ -320,6 +320,9 @@ class QueueReason(models.TextChoices):
     EXPIRED_UNCLAIMED = "expired_unclaimed", "Approval expired unclaimed"
     STUCK_SENDING = "stuck_sending", "Stuck sending"
     STUCK_PENDING = "stuck_pending", "Stuck before dispatch"
+    # An operator admitted another attempt at a command the runtime executes itself: the
+    # runtime must run it again and report; nothing happens until it does.
+    WAITING_FOR_RUNTIME = "waiting_for_runtime", "Waiting for the runtime"
 
 
 # The order the queue's counts and its filter list the reasons in.
@@ -328,6 +331,7 @@ QUEUE_REASONS = (
     QueueReason.INTERRUPTED,
     QueueReason.STUCK_SENDING,
     QueueReason.STUCK_PENDING,
+    QueueReason.WAITING_FOR_RUNTIME,
     QueueReason.EXPIRED_UNCLAIMED,
 )
 
@@ -342,6 +346,9 @@ DECISION_WORDS: dict[str, str] = {
     AuditKind.OCCURRENCE_REJECTED: "rejected",
     AuditKind.APPROVAL_EXPIRED: "expired",
     AuditKind.PROPOSAL_EDITED: "edited",
+    # An operator admitted a new attempt at a command the runtime executes (told only then:
+    # a runtime that asked for its own epoch knows).
+    AuditKind.EPOCH_ADMITTED: "attempt_admitted",
 }
 # A reviewer's decisions: the ones the review-time metric observes.
 REVIEW_DECISION_KINDS = (AuditKind.APPROVAL_ISSUED, AuditKind.OCCURRENCE_REJECTED)

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from approvals.audit.record import audit_record, db_now
+from approvals.callbacks.outbox import callback_delivery_create
 from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Command, Epoch, Occurrence, Tenant, ToolContract
 from approvals.vocabulary import AuditKind, EventDecision
@@ -186,7 +187,7 @@ def epoch_admit(
         Interruption.objects.filter(command=command, resolved_at__isnull=True).update(
             resolved_at=now
         )
-        audit_record(
+        admitted = audit_record(
             kind=AuditKind.EPOCH_ADMITTED,
             tenant=command.tenant_id,
             occurrence=command.occurrence_id,
@@ -205,6 +206,11 @@ def epoch_admit(
                 "reason": reason,
             },
         )
+        if command.executed_by == Command.ExecutedBy.RUNTIME and decision is not None:
+            # An operator admitted it: the runtime that executes the command is told (its
+            # callback; its occurrence answer's ``next_attempt`` says so too), as it is
+            # told of a reviewer's decision. One it asked for itself, it knows of.
+            callback_delivery_create(admitted)
         if command.executed_by == Command.ExecutedBy.CONSOLE:
             from reconciliation.tasks import enqueue
 

@@ -388,6 +388,14 @@ def command_accept_ambiguity(
             state_after=command.state,
         )
         epoch = _admit(command, decision, operator, note)
+    if command.executed_by == Command.ExecutedBy.RUNTIME:
+        return Done(
+            decision,
+            f"Ambiguity accepted: epoch {epoch.number} is admitted and the runtime that "
+            "executes this command is told to run it again; it waits in the queue until the "
+            "runtime reports.",
+            epoch,
+        )
     return Done(
         decision,
         f"Ambiguity accepted: epoch {epoch.number} is admitted and the command is delivered "

@@ -149,6 +149,15 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
     API shows it."""
     approval = current_approval(occurrence)
     commands = [_command_out(c) for c in occurrence.commands.all()]
+    epochs = [
+        {
+            "number": e.number,
+            "execution_id": e.execution_id,
+            "justification": e.justification,
+            "created_at": e.created_at,
+        }
+        for e in occurrence.epochs.all()
+    ]
     return {
         "occurrence_id": str(occurrence.pk),
         "status": occurrence.status,
@@ -174,16 +183,24 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
         },
         "command": commands[-1] if commands else None,
         "commands": commands,
-        "epochs": [
-            {
-                "number": e.number,
-                "execution_id": e.execution_id,
-                "justification": e.justification,
-                "created_at": e.created_at,
-            }
-            for e in occurrence.epochs.all()
-        ],
+        "epochs": epochs,
+        "next_attempt": _next_attempt(commands[-1] if commands else None, epochs),
     }
+
+
+def _next_attempt(command: dict[str, Any] | None, epochs: list[dict[str, Any]]) -> Any:
+    """A new attempt admitted at a command the runtime executes, which it has not yet run
+    and reported (an operator's acceptance of the ambiguity, a retry): the runtime runs it
+    under the admitted epoch's execution id. None otherwise."""
+    if command is None or not epochs:
+        return None
+    epoch = max(epochs, key=lambda e: e["number"])
+    waiting = (
+        command["executed_by"] == Command.ExecutedBy.RUNTIME
+        and command["state"] == Command.State.PENDING
+        and epoch["execution_id"] != command["execution_id"]
+    )
+    return epoch if waiting else None
 
 
 def _ascii_seconds(value: Any) -> Any:

@@ -142,6 +142,13 @@ class OccurrenceOut(Schema):
     )
     commands: list[CommandOut]
     epochs: list[EpochOut]
+    next_attempt: EpochOut | None = Field(
+        None,
+        description="A new attempt admitted at a command the runtime executes itself (an "
+        "operator accepted the ambiguity or admitted a retry), not yet run and reported: "
+        "run it again and report the effect under this epoch's `execution_id`. Null "
+        "otherwise (also while the console executes the command).",
+    )
 
 
 class TokenIn(StrictSchema):

@@ -1,6 +1,7 @@
 """The callback outbox: every decision on a runtime's request (approved, rejected, expired,
-edited) becomes a ``CallbackDelivery`` row in the transaction that decided it, written by
-the deciding service; its task is published after commit."""
+edited, and an operator's admission of another attempt at a command the runtime executes:
+``attempt_admitted``) becomes a ``CallbackDelivery`` row in the transaction that decided
+it, written by the deciding service; its task is published after commit."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ def callback_delivery_create(event: AuditEvent) -> CallbackDelivery | None:
         return None
     callback_id, _, run_id, client_ref, status = found
     delivery_id = uuid.uuid4()
+    details = {
+        k: v
+        for k, v in (event.data or {}).items()
+        if k in ("reason", "version", "expires_at", "to_version", "epoch", "justification")
+    }
+    if event.execution_id:
+        # An admitted attempt's: the execution it runs under (``attempt_admitted``).
+        details["execution_id"] = event.execution_id
     body = {
         "delivery_id": str(delivery_id),
         "event": name,
@@ -52,11 +61,7 @@ def callback_delivery_create(event: AuditEvent) -> CallbackDelivery | None:
         "status": status,
         "decided_by": event.actor,
         "occurred_at": event.source_time.isoformat() if event.source_time else None,
-        "details": {
-            k: v
-            for k, v in (event.data or {}).items()
-            if k in ("reason", "version", "expires_at", "to_version")
-        },
+        "details": details,
     }
     delivery = CallbackDelivery.objects.create(
         id=delivery_id,

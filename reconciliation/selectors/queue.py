@@ -21,6 +21,7 @@ from approvals.models import (
 from approvals.sql import Columns, fetch, on_postgresql, split, words
 from approvals.vocabulary import QUEUE_REASONS, QueueReason
 from reconciliation.models import (
+    EpochAdmission,
     Interruption,
 )
 
@@ -50,6 +51,7 @@ _SINCE: dict[str, str] = {
     QueueReason.INTERRUPTED: "created_at",
     QueueReason.STUCK_SENDING: "updated_at",
     QueueReason.STUCK_PENDING: "updated_at",
+    QueueReason.WAITING_FOR_RUNTIME: "updated_at",
     QueueReason.EXPIRED_UNCLAIMED: "expires_at",
 }
 
@@ -97,6 +99,13 @@ def _queue_querysets(
             executed_by=Command.ExecutedBy.CONSOLE,
             updated_at__lt=stuck,
         ),
+        # Not sent, and an operator admitted another attempt: the runtime that executes
+        # it has yet to run it again and report (until it does, nothing happens).
+        QueueReason.WAITING_FOR_RUNTIME: commands.filter(
+            state=Command.State.PENDING,
+            executed_by=Command.ExecutedBy.RUNTIME,
+            pk__in=EpochAdmission.objects.filter(decision__isnull=False).values("command_id"),
+        ),
         QueueReason.EXPIRED_UNCLAIMED: approvals,
     }
     return {reason: (queryset, _SINCE[reason]) for reason, queryset in querysets.items()}
@@ -140,6 +149,15 @@ _REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
         ("stuck",),
         "x.updated_at",
     ),
+    QueueReason.WAITING_FOR_RUNTIME: (
+        "approvals_command x",
+        f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.PENDING}'"  # noqa: S608 (no input)
+        f" AND x.executed_by = '{Command.ExecutedBy.RUNTIME}'"
+        " AND EXISTS (SELECT 1 FROM reconciliation_epochadmission a"
+        " WHERE a.command_id = x.id AND a.decision_id IS NOT NULL)",
+        (),
+        "x.updated_at",
+    ),
     QueueReason.EXPIRED_UNCLAIMED: (
         "approvals_approval x",
         f"x.tenant_id = ANY(%s) AND x.state IN ({words(_UNCLAIMED)})"
@@ -154,6 +172,7 @@ _OCCURRENCE_OF: dict[str, str] = {
     QueueReason.INTERRUPTED: "c.occurrence_id",
     QueueReason.STUCK_SENDING: "x.occurrence_id",
     QueueReason.STUCK_PENDING: "x.occurrence_id",
+    QueueReason.WAITING_FOR_RUNTIME: "x.occurrence_id",
     QueueReason.EXPIRED_UNCLAIMED: "x.occurrence_id",
 }
 
@@ -213,6 +232,7 @@ _ROW: dict[str, Columns] = {
     QueueReason.INTERRUPTED: Columns(Interruption, "x"),
     QueueReason.STUCK_SENDING: Columns(Command, "x"),
     QueueReason.STUCK_PENDING: Columns(Command, "x"),
+    QueueReason.WAITING_FOR_RUNTIME: Columns(Command, "x"),
     QueueReason.EXPIRED_UNCLAIMED: Columns(Approval, "x"),
 }
 _COMMAND = Columns(Command, "c")

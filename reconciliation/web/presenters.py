@@ -268,7 +268,13 @@ def why_nothing_runs(timeline: Timeline) -> str:
             + " it by hand with evidence, or accept the ambiguity."
         ),
         Command.State.SENDING: "A call may be in flight; if it is stuck, query the effect.",
-        Command.State.PENDING: "The command waits for delivery (or the runtime's report).",
+        Command.State.PENDING: (
+            "It waits for the runtime: the agent's runtime executes this command itself and "
+            "has not reported an effect yet (a new attempt is told to it by its callback and "
+            "its occurrence answer)."
+            if command.executed_by == Command.ExecutedBy.RUNTIME
+            else "The command waits for delivery to the adapter."
+        ),
         Command.State.REJECTED: "The remote refused it before executing it; a retry is justified.",
         Command.State.RECONCILED: "An operator reconciled the effect by hand; it is settled.",
         Command.State.COMPENSATED: "The effect was undone (compensated); it is settled.",

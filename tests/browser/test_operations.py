@@ -161,6 +161,39 @@ def test_accepting_the_ambiguity_delivers_again_under_a_new_epoch(
     assert epoch.justification == "ambiguity_accepted"
 
 
+def test_a_runtime_executed_command_waits_in_the_queue_after_the_ambiguity_is_accepted(
+    contexts: Contexts, runtime: Runtime, reviewer: Any, operator: Any
+) -> None:
+    case = claim_command(runtime, reviewer, "close_case", ref="c1")
+    reported = runtime.post(
+        f"/api/v1/commands/{case.pk}/effect",
+        {"execution_id": "exec-1", "outcome": "outcome_unknown"},
+    )
+    assert reported.status_code == 200, reported.content
+    page = contexts.new().new_page()
+    login(page, operator.username)
+    page.goto(f"/operations/occurrences/{case.occurrence_id}/")
+
+    decide(page, "accept-ambiguity", "The CRM cannot tell; close it again")
+
+    expect(page.locator(".messages")).to_contain_text("told to run it again")
+    expect(page.locator("#why")).to_contain_text("It waits for the runtime")
+    page.goto("/operations/")
+    row = page.locator(f'tr[data-item="waiting_for_runtime:{case.pk}"]')
+    expect(row).to_contain_text("Waiting for the runtime")
+    expect(row).to_contain_text("close_case")
+    # The runtime runs it again under the admitted epoch and reports: the queue empties.
+    attempt = runtime.get(f"/api/v1/occurrences/{case.occurrence_id}").json()["next_attempt"]
+    assert attempt["justification"] == "ambiguity_accepted"
+    runtime.post(
+        f"/api/v1/commands/{case.pk}/effect",
+        {"execution_id": attempt["execution_id"], "outcome": "committed"},
+    )
+    page.reload()
+    expect(row).to_have_count(0)
+    expect(page.locator("#queue-total")).to_have_text("0")
+
+
 def test_two_operators_at_once_one_wins_the_other_sees_what_happened(
     contexts: Contexts,
     remote: SandboxProcess,

@@ -211,6 +211,7 @@ def test_the_queues_counts_are_one_statement_with_each_reasons_own_count(
         QueueReason.INTERRUPTED: 1,
         QueueReason.STUCK_SENDING: 1,
         QueueReason.STUCK_PENDING: 0,
+        QueueReason.WAITING_FOR_RUNTIME: 0,
         QueueReason.EXPIRED_UNCLAIMED: 1,
     }
     send_message = ToolContract.objects.get(name="send_message").pk
