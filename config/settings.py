@@ -333,7 +333,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "sweep-the-outbox": {
         "task": "reconciliation.tasks.commands_sweep",
-        "schedule": env_float("DISPATCH_SWEEP_EVERY_SECONDS", 15.0, minimum=0.1),
+        "schedule": env_float("DISPATCH_SWEEP_EVERY_SECONDS", 10.0, minimum=0.1),
     },
     "push-what-was-not-pushed": {"task": "approvals.tasks.callbacks_sweep", "schedule": 15.0},
     "report-refusal-bursts": {
@@ -379,10 +379,6 @@ CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
 # A console-executed command still pending this long after its last change was never
 # delivered (its announcement was lost): the sweep delivers it.
 DISPATCH_SWEEP_GRACE_SECONDS = env_int("DISPATCH_SWEEP_GRACE_SECONDS", 10)
-# Still sending this long after its call started: its worker and message were lost.
-DISPATCH_STUCK_SENDING_SECONDS = env_int(
-    "DISPATCH_STUCK_SENDING_SECONDS", 2 * CELERY_VISIBILITY_TIMEOUT
-)
 
 # The operators' queue lists a command still sending or pending this long as stuck; an
 # operator's compensation call still unfinished this long is given up as abandoned (the
@@ -403,6 +399,14 @@ ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
 # much of an answer: a slow or huge receiver holds a worker for a bounded time and memory.
 OUTBOUND_DEADLINE_SECONDS = env_float("OUTBOUND_DEADLINE_SECONDS", 30.0, minimum=0.1)
 OUTBOUND_MAX_RESPONSE_BYTES = env_int("OUTBOUND_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
+# Still sending this long after its last call started: no call can still be in flight (the
+# deadline above ends it; the margin lets a live worker record the answer), so its worker
+# died, and the outbox sweep delivers it again, whose own rules decide what runs (a query,
+# a call under the same key, or outcome unknown). With the sweep every 10 s, a worker's
+# death mid-call is settled within about 50 s, not the broker's visibility timeout.
+DISPATCH_STUCK_SENDING_SECONDS = env_int(
+    "DISPATCH_STUCK_SENDING_SECONDS", int(OUTBOUND_DEADLINE_SECONDS) + 10, minimum=1
+)
 # The URLs default to the sandbox (manage.py run_sandbox_payments) only where the demo is
 # installed (bin/demo, the tests): a deployment names its payments API and webhook, and a
 # missing one is a system check error (config/checks.py), never a call to the loopback.

@@ -8,12 +8,14 @@ from datetime import timedelta
 import structlog
 from celery import shared_task
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from approvals import broker
 from approvals.models import Command
 from reconciliation.dispatch import command_dispatch
 from reconciliation.faults import crash_point
+from reconciliation.models import AdapterInvocation
 
 log = structlog.get_logger("reconciliation")
 
@@ -32,18 +34,24 @@ def command_deliver(self, command_id: str) -> None:  # type: ignore[no-untyped-d
 def commands_sweep() -> int:
     """The outbox sweep (Celery beat): deliver again any console-executed command still
     ``pending`` after the grace period (its announcement was lost between commit and
-    enqueue), or still ``sending`` long after any call could have finished (the worker and
-    its message were lost)."""
+    enqueue), or still ``sending`` after its last call must have ended
+    (``DISPATCH_STUCK_SENDING_SECONDS``: the outbound deadline and a margin), so its worker
+    died: the redelivery's own rules decide what runs."""
     now = timezone.now()
     pending = Command.objects.filter(
         executed_by=Command.ExecutedBy.CONSOLE,
         state=Command.State.PENDING,
         updated_at__lt=now - timedelta(seconds=settings.DISPATCH_SWEEP_GRACE_SECONDS),
     )
+    # No call can still be in flight: none started within the outbound deadline and its
+    # margin (a delivery that called again under the same key started a new one).
+    gone = now - timedelta(seconds=settings.DISPATCH_STUCK_SENDING_SECONDS)
     stuck = Command.objects.filter(
         executed_by=Command.ExecutedBy.CONSOLE,
         state=Command.State.SENDING,
-        updated_at__lt=now - timedelta(seconds=settings.DISPATCH_STUCK_SENDING_SECONDS),
+        updated_at__lt=gone,
+    ).exclude(
+        Exists(AdapterInvocation.objects.filter(command=OuterRef("pk"), started_at__gte=gone))
     )
     ids = [str(pk) for pk in pending.values_list("pk", flat=True)[:500]]
     ids += [str(pk) for pk in stuck.values_list("pk", flat=True)[:500]]

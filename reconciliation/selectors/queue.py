@@ -92,7 +92,7 @@ def _queue_querysets(
         QueueReason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
         QueueReason.INTERRUPTED: interruptions,
         QueueReason.STUCK_SENDING: commands.filter(
-            state=Command.State.SENDING, updated_at__lt=stuck
+            state=Command.State.SENDING, updated_at__lt=_stuck_sending(now)
         ),
         QueueReason.STUCK_PENDING: commands.filter(
             state=Command.State.PENDING,
@@ -116,13 +116,21 @@ def _stuck(now: datetime) -> datetime:
     return now - timedelta(seconds=settings.OPERATIONS_STUCK_SECONDS)
 
 
+def _stuck_sending(now: datetime) -> datetime:
+    """Sending since before this: stuck, and sooner than ``_stuck`` says when no call can
+    still be in flight (``DISPATCH_STUCK_SENDING_SECONDS``, after which the outbox sweep
+    delivers it again): its worker died."""
+    seconds = min(settings.OPERATIONS_STUCK_SECONDS, settings.DISPATCH_STUCK_SENDING_SECONDS)
+    return now - timedelta(seconds=seconds)
+
+
 _UNCLAIMED = (Approval.State.ISSUED, Approval.State.EXPIRED)
 
 # Per reason: the table its rows come from (with the alias its condition uses), the
-# condition (with %s for the tenants, then "now"/"stuck" as named in the values), the
-# values after the tenants, and the column that says since when. The console's own words
-# are in the text: a partial index (approval_unclaimed_expiry) serves a prepared
-# statement's generic plan only if the statement's text implies its condition.
+# condition (with %s for the tenants, then "now", "stuck" or "stuck_sending" as named in the
+# values), the values after the tenants, and the column that says since when. The
+# console's own words are in the text: a partial index (approval_unclaimed_expiry) serves a
+# prepared statement's generic plan only if the statement's text implies its condition.
 _REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     QueueReason.OUTCOME_UNKNOWN: (
         "approvals_command x",
@@ -139,7 +147,7 @@ _REASON_SQL: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     QueueReason.STUCK_SENDING: (
         "approvals_command x",
         f"x.tenant_id = ANY(%s) AND x.state = '{Command.State.SENDING}' AND x.updated_at < %s",
-        ("stuck",),
+        ("stuck_sending",),
         "x.updated_at",
     ),
     QueueReason.STUCK_PENDING: (
@@ -213,6 +221,7 @@ def queue_counts(
         "tenant_ids": tenant_ids,
         "now": now,
         "stuck": _stuck(now),
+        "stuck_sending": _stuck_sending(now),
         "tool": tool_id,
         "occurrences": occurrence_ids,
     }
@@ -321,6 +330,7 @@ def queue_items(
         "tenant_ids": tenant_ids,
         "now": now,
         "stuck": _stuck(now),
+        "stuck_sending": _stuck_sending(now),
         "tool": tool_id,
         "occurrences": occurrence_ids,
     }
