@@ -262,7 +262,7 @@ def _items_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, l
                 JOIN approvals_toolcontract t ON t.id = o.tool_id
                 JOIN approvals_tenant n ON n.id = o.tenant_id
                WHERE {condition}
-               ORDER BY {since}
+               ORDER BY {since}, x.id
                LIMIT %s"""  # noqa: S608 (no input in the text)
     return sql, params
 
@@ -282,7 +282,8 @@ def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
             queryset = queryset.select_related("occurrence__tool", "occurrence__tenant").defer(
                 *(f"occurrence__tool__{f}" for f in _TOOL_UNSHOWN)
             )
-        return list(queryset.order_by(since_field)[:limit])
+        # Ties (two rows changed at one instant) in the order of their ids, as the SQL's.
+        return list(queryset.order_by(since_field, "pk")[:limit])
     sql, params = _items_sql(name, values["tool"] is not None, values)
     rows = []
     for row in fetch(sql, [*params, limit]):
