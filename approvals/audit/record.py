@@ -45,6 +45,54 @@ def db_now() -> datetime:
     return timezone.now()
 
 
+def audit_event_new(
+    *,
+    kind: str,
+    tenant: Tenant | int,
+    occurrence: Occurrence | uuid.UUID | None = None,
+    actor: str = "",
+    token_fingerprint: str = "",
+    decision: str = "",
+    reason_code: str = "",
+    execution_id: str = "",
+    message_id: str = "",
+    command_id: uuid.UUID | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """An audit event as ``audit_record`` appends it, not yet saved: for a statement that
+    writes it with the change it records (``approvals.claims.sql``)."""
+    return AuditEvent(
+        kind=kind,
+        tenant_id=tenant if isinstance(tenant, int) else tenant.pk,
+        occurrence_id=occurrence.pk if isinstance(occurrence, Occurrence) else occurrence,
+        actor=actor,
+        token_fingerprint=token_fingerprint,
+        decision=decision,
+        reason_code=reason_code,
+        execution_id=execution_id,
+        message_id=message_id,
+        command_id=command_id,
+        trace_id=structlog.contextvars.get_contextvars().get("trace_id", ""),
+        source_time=timezone.now(),
+        data=data or {},
+    )
+
+
+def audit_logged(event: AuditEvent) -> None:
+    """The log line of an appended event. Every claim writes one of these; when INFO is off,
+    not even the event dict is built."""
+    if _stdlib_log.isEnabledFor(logging.INFO):
+        log.info(
+            "audit",
+            kind=event.kind,
+            decision=event.decision,
+            reason_code=event.reason_code,
+            fingerprint=event.token_fingerprint,
+            execution_id=event.execution_id,
+            occurrence_id=str(event.occurrence_id or ""),
+        )
+
+
 def audit_record(
     *,
     kind: str,
@@ -60,10 +108,10 @@ def audit_record(
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one audit event. Call it inside the transaction of the change it records."""
-    event = AuditEvent.objects.create(
+    event = audit_event_new(
         kind=kind,
-        tenant_id=tenant if isinstance(tenant, int) else tenant.pk,
-        occurrence_id=occurrence.pk if isinstance(occurrence, Occurrence) else occurrence,
+        tenant=tenant,
+        occurrence=occurrence,
         actor=actor,
         token_fingerprint=token_fingerprint,
         decision=decision,
@@ -71,19 +119,8 @@ def audit_record(
         execution_id=execution_id,
         message_id=message_id,
         command_id=command_id,
-        trace_id=structlog.contextvars.get_contextvars().get("trace_id", ""),
-        source_time=timezone.now(),
-        data=data or {},
+        data=data,
     )
-    # Every claim writes one of these lines; when INFO is off, not even the event dict is built.
-    if _stdlib_log.isEnabledFor(logging.INFO):
-        log.info(
-            "audit",
-            kind=kind,
-            decision=decision,
-            reason_code=reason_code,
-            fingerprint=token_fingerprint,
-            execution_id=execution_id,
-            occurrence_id=str(event.occurrence_id or ""),
-        )
+    event.save(force_insert=True)
+    audit_logged(event)
     return event

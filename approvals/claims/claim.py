@@ -8,12 +8,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.views.decorators.debug import sensitive_variables
 
 from approvals.access import ratelimit, tokens
 from approvals.access.runtime_keys import claimed_by_other_key, runtime_actor
-from approvals.audit.record import DbNow, audit_record
+from approvals.audit.record import DbNow, audit_event_new, audit_logged, audit_record
 from approvals.canonical.form import canonicalize
 from approvals.canonical.schema import validate_arguments
 from approvals.claims import sql as claim_sql
@@ -120,13 +120,27 @@ def approval_claim(
                 runtime_key=runtime_key,
                 other_key=True,
             )
-        consumed = claim_sql.consume(
-            tenant_id=tenant.pk,
-            token_hash=token_hash,
-            digest=digest or _NO_DIGEST,
-            execution_id=execution_id,
-        )
-        if consumed is None:
+        if claim_sql.claim_one_statement():
+            command = _claim_in_one_statement(
+                tenant=tenant,
+                token_hash=token_hash,
+                digest=digest,
+                execution_id=execution_id,
+                message_id=message_id,
+                runtime_key=runtime_key,
+                executed_by=executed_by,
+            )
+        else:
+            command = _claim_through_the_orm(
+                tenant=tenant,
+                token_hash=token_hash,
+                digest=digest,
+                execution_id=execution_id,
+                message_id=message_id,
+                runtime_key=runtime_key,
+                executed_by=executed_by,
+            )
+        if command is None:
             return _claim_refused(
                 tenant=tenant,
                 token=token,
@@ -137,49 +151,131 @@ def approval_claim(
                 message_id=message_id,
                 runtime_key=runtime_key,
             )
-        assert digest is not None  # _NO_DIGEST matches no approval
-        epoch = Epoch.objects.create(
-            occurrence_id=consumed.occurrence_id,
-            number=consumed.epochs + 1,
-            execution_id=execution_id,
-            justification=Epoch.Justification.APPROVAL,
-        )
-        command_id = uuid.uuid4()
-        command = Command.objects.create(
-            id=command_id,
-            tenant=tenant,
-            occurrence_id=consumed.occurrence_id,
-            approval_id=consumed.approval_id,
-            epoch=epoch,
-            execution_id=execution_id,
-            idempotency_key=f"cmd_{command_id.hex}",
-            action_digest=digest,
-            executed_by=executed_by,
-        )
-        Occurrence.objects.filter(
-            pk=consumed.occurrence_id, status=Occurrence.Status.APPROVED
-        ).update(status=Occurrence.Status.CLAIMED, updated_at=DbNow())
-        audit_record(
-            kind=AuditKind.CLAIM_APPROVED,
-            tenant=tenant,
-            occurrence=consumed.occurrence_id,
-            actor=runtime_actor(runtime_key),
-            token_fingerprint=consumed.fingerprint,
-            decision=ClaimDecision.APPROVED,
-            reason_code=ClaimReason.CLAIMED,
-            execution_id=execution_id,
-            message_id=message_id,
-            command_id=command.id,
-            data={
-                "epoch": epoch.number,
-                "idempotency_key": command.idempotency_key,
-                "executed_by": executed_by,
-            },
-        )
     # The command row is the outbox: whoever dispatches (``reconciliation.claims``, which
     # sits above this app and calls this function) publishes its delivery once it is
     # committed, and a periodic sweep finds any whose publish got lost.
     return ClaimResult(ClaimDecision.APPROVED, ClaimReason.CLAIMED, command)
+
+
+def _claim_in_one_statement(
+    *,
+    tenant: Tenant,
+    token_hash: str,
+    digest: str | None,
+    execution_id: str,
+    message_id: str,
+    runtime_key: RuntimeKey | None,
+    executed_by: str,
+) -> Command | None:
+    """PostgreSQL: the guard, the epoch, the command, the occurrence's status and the
+    audit event in one statement (``approvals.claims.sql.consume_and_write``); the command,
+    or None when the guard consumed nothing (and nothing was written)."""
+    epoch = Epoch(
+        id=uuid.uuid4(), execution_id=execution_id, justification=Epoch.Justification.APPROVAL
+    )
+    command_id = uuid.uuid4()
+    command = Command(
+        id=command_id,
+        tenant=tenant,
+        epoch_id=epoch.id,
+        execution_id=execution_id,
+        idempotency_key=f"cmd_{command_id.hex}",
+        action_digest=digest or _NO_DIGEST,
+        executed_by=executed_by,
+    )
+    event = audit_event_new(
+        kind=AuditKind.CLAIM_APPROVED,
+        tenant=tenant,
+        actor=runtime_actor(runtime_key),
+        decision=ClaimDecision.APPROVED,
+        reason_code=ClaimReason.CLAIMED,
+        execution_id=execution_id,
+        message_id=message_id,
+        command_id=command_id,
+        data={"idempotency_key": command.idempotency_key, "executed_by": executed_by},
+    )
+    consumed = claim_sql.consume_and_write(
+        tenant_id=tenant.pk,
+        token_hash=token_hash,
+        digest=digest or _NO_DIGEST,
+        execution_id=execution_id,
+        epoch=epoch,
+        command=command,
+        event=event,
+        occurrence_status=(Occurrence.Status.APPROVED, Occurrence.Status.CLAIMED),
+    )
+    if consumed is None:
+        return None
+    # What the statement wrote, as the ORM would have it after saving.
+    event.occurrence_id, event.token_fingerprint = consumed.occurrence_id, consumed.fingerprint
+    event.data = {"epoch": consumed.epochs + 1, **event.data}
+    audit_logged(event)
+    fields = [f.attname for f in Command._meta.concrete_fields]
+    command.occurrence_id, command.approval_id = consumed.occurrence_id, consumed.approval_id
+    return Command.from_db(connection.alias, fields, [getattr(command, name) for name in fields])
+
+
+def _claim_through_the_orm(
+    *,
+    tenant: Tenant,
+    token_hash: str,
+    digest: str | None,
+    execution_id: str,
+    message_id: str,
+    runtime_key: RuntimeKey | None,
+    executed_by: str,
+) -> Command | None:
+    """SQLite: the guard, then the epoch, the command, the occurrence's status and the
+    audit event through the ORM, in the caller's transaction; the same rows as
+    ``_claim_in_one_statement`` writes."""
+    consumed = claim_sql.consume(
+        tenant_id=tenant.pk,
+        token_hash=token_hash,
+        digest=digest or _NO_DIGEST,
+        execution_id=execution_id,
+    )
+    if consumed is None:
+        return None
+    assert digest is not None  # _NO_DIGEST matches no approval
+    epoch = Epoch.objects.create(
+        occurrence_id=consumed.occurrence_id,
+        number=consumed.epochs + 1,
+        execution_id=execution_id,
+        justification=Epoch.Justification.APPROVAL,
+    )
+    command_id = uuid.uuid4()
+    command = Command.objects.create(
+        id=command_id,
+        tenant=tenant,
+        occurrence_id=consumed.occurrence_id,
+        approval_id=consumed.approval_id,
+        epoch=epoch,
+        execution_id=execution_id,
+        idempotency_key=f"cmd_{command_id.hex}",
+        action_digest=digest,
+        executed_by=executed_by,
+    )
+    Occurrence.objects.filter(pk=consumed.occurrence_id, status=Occurrence.Status.APPROVED).update(
+        status=Occurrence.Status.CLAIMED, updated_at=DbNow()
+    )
+    audit_record(
+        kind=AuditKind.CLAIM_APPROVED,
+        tenant=tenant,
+        occurrence=consumed.occurrence_id,
+        actor=runtime_actor(runtime_key),
+        token_fingerprint=consumed.fingerprint,
+        decision=ClaimDecision.APPROVED,
+        reason_code=ClaimReason.CLAIMED,
+        execution_id=execution_id,
+        message_id=message_id,
+        command_id=command.id,
+        data={
+            "epoch": epoch.number,
+            "idempotency_key": command.idempotency_key,
+            "executed_by": executed_by,
+        },
+    )
+    return command
 
 
 def _explain_refusal(

@@ -13,8 +13,9 @@ import uuid
 from typing import Any, NamedTuple
 
 from django.db import connection
+from django.db.models import Model
 
-from approvals.models import Approval, Epoch
+from approvals.models import Approval, AuditEvent, Command, Epoch, Occurrence
 
 # The database's clock, as ``approvals.audit.record.DbNow`` reads it: on PostgreSQL the
 # transaction's start, so that the guard and the read that explains a refusal judge expiry at one
@@ -61,6 +62,7 @@ _CONSUME = """
        AND (bound_execution_id = '' OR bound_execution_id = %s)
  RETURNING id, occurrence_id, fingerprint,
            (SELECT COUNT(*) FROM {epoch} WHERE {epoch}.occurrence_id = {approval}.occurrence_id)
+           AS epochs
 """
 
 
@@ -78,6 +80,121 @@ def consume(*, tenant_id: int, token_hash: str, digest: str, execution_id: str) 
     )
     with connection.cursor() as cursor:
         cursor.execute(_sql(_CONSUME), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    approval_id, occurrence_id, fingerprint, epochs = row
+    return Consumed(approval_id, _uuid(occurrence_id), fingerprint, epochs)
+
+
+# --- the guard and what it admits, in one statement (PostgreSQL) ---------------------------
+
+# Where each row an admitted claim writes takes a value only the guard knows (the consumed
+# approval's id, occurrence and fingerprint, and the epoch's number): SQL over ``g``, the
+# guard's RETURNING row, with its parameters. Every other column is the unsaved model
+# instance's own value, prepared by its field as a save would prepare it.
+_FromGuard = dict[str, tuple[str, list[Any]]]
+
+
+def _insert_from_guard(model: type[Model], instance: Model, from_guard: _FromGuard) -> Any:
+    """``INSERT INTO <table> (<columns>) SELECT <values> FROM g``: the row ``instance``
+    would be, with the ``from_guard`` columns taken from the guard's row. A column left to
+    the database (an auto-incrementing key) is left out."""
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.attname in from_guard:
+            sql, field_params = from_guard[field.attname]
+            values.append(sql)
+            params += field_params
+        else:
+            value = field.pre_save(instance, add=True)
+            if value is None and field.primary_key:
+                continue  # the database's sequence numbers it
+            values.append("%s")
+            params.append(field.get_db_prep_save(value, connection))
+        columns.append(connection.ops.quote_name(field.column))
+    table = connection.ops.quote_name(model._meta.db_table)
+    insert = f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} FROM g"  # noqa: S608 (names from the models, values as parameters)
+    return insert, params
+
+
+def claim_one_statement() -> bool:
+    """Whether ``consume_and_write`` runs here: on PostgreSQL (SQLite has no data-modifying
+    ``WITH``; there the claim writes through the ORM after ``consume``)."""
+    return connection.vendor == "postgresql"
+
+
+def consume_and_write(
+    *,
+    tenant_id: int,
+    token_hash: str,
+    digest: str,
+    execution_id: str,
+    epoch: Epoch,
+    command: Command,
+    event: AuditEvent,
+    occurrence_status: tuple[str, str],
+) -> Consumed | None:
+    """The guard and everything an admitted claim writes, in one statement and one round
+    trip: the conditional ``UPDATE`` of the approval, then, from the row it returns, the
+    epoch, the command, the occurrence's status (``occurrence_status``: from, to) and the
+    audit event, as data-modifying ``WITH`` queries of one statement. When the guard
+    consumes nothing, nothing else is written either (each ``INSERT`` selects from its
+    empty row), and the answer is None, as ``consume``'s.
+
+    ``epoch``, ``command`` and ``event`` are unsaved instances (their own ids set), whose
+    occurrence, approval, number and fingerprint the guard's row supplies; the event's
+    ``data`` gets the epoch's number. PostgreSQL checks the foreign keys between them at the
+    statement's end, and a concurrent epoch still fails the epoch's unique constraint."""
+    guard_params = (
+        Approval.State.CONSUMED.value,
+        execution_id,
+        tenant_id,
+        token_hash,
+        Approval.State.ISSUED.value,
+        digest,
+        execution_id,
+    )
+    occurrence: tuple[str, list[Any]] = ("g.occurrence_id", [])
+    epoch_sql, epoch_params = _insert_from_guard(
+        Epoch, epoch, {"occurrence_id": occurrence, "number": ("g.epochs + 1", [])}
+    )
+    command_sql, command_params = _insert_from_guard(
+        Command, command, {"occurrence_id": occurrence, "approval_id": ("g.id", [])}
+    )
+    data = AuditEvent._meta.get_field("data").get_db_prep_save(event.data, connection)
+    event_sql, event_params = _insert_from_guard(
+        AuditEvent,
+        event,
+        {
+            "occurrence_id": occurrence,
+            "token_fingerprint": ("g.fingerprint", []),
+            "data": ("%s::jsonb || jsonb_build_object('epoch', g.epochs + 1)", [data]),
+        },
+    )
+    occurrence_table = connection.ops.quote_name(Occurrence._meta.db_table)
+    statement = f"""
+        WITH g AS ({_sql(_CONSUME)}),
+             e AS ({epoch_sql} RETURNING 1),
+             c AS ({command_sql} RETURNING 1),
+             o AS (UPDATE {occurrence_table} SET status = %s, updated_at = CURRENT_TIMESTAMP
+                     FROM g
+                    WHERE {occurrence_table}.id = g.occurrence_id
+                      AND {occurrence_table}.status = %s
+                RETURNING 1),
+             a AS ({event_sql} RETURNING 1)
+        SELECT g.id, g.occurrence_id, g.fingerprint, g.epochs FROM g"""  # noqa: S608 (no input in the text)
+    from_status, to_status = occurrence_status
+    params = [
+        *guard_params,
+        *epoch_params,
+        *command_params,
+        to_status,
+        from_status,
+        *event_params,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
         row = cursor.fetchone()
     if row is None:
         return None
