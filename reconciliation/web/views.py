@@ -6,7 +6,7 @@ decision: a redirect back to the page it came from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -63,7 +63,8 @@ def queue(request: HttpRequest) -> HttpResponse:
     descending = request.GET.get("dir") == "desc"
     owner_mode = request.GET.get("owner", "")
     owner_mode = owner_mode if owner_mode in (Owner.MINE, Owner.UNOWNED) else ""
-    owner = Owner(owner_mode, int(request.user.pk)) if owner_mode else None
+    # Signed in (console_login_required): the user has a primary key.
+    owner = Owner(owner_mode, cast(int, request.user.pk)) if owner_mode else None
     now = timezone.now()
     tenant_ids = [t.pk for t in tenants]
     # A search names occurrences first; the queue then lists only theirs.
