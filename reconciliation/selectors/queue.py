@@ -31,14 +31,14 @@ from reconciliation.takes import Holder, holder_of
 @dataclass(frozen=True)
 class Owner:
     """The queue's owner filter: ``mine`` (items ``user_id`` is on) or ``unowned`` (items
-    nobody is on, a lapsed take counted as nobody's)."""
+    nobody is on, a lapsed take counted as nobody's; whose filter it is does not matter)."""
 
     MINE = "mine"
     UNOWNED = "unowned"
     CHOICES = (("", "All"), (MINE, "Mine"), (UNOWNED, "Unowned"))
 
     mode: str
-    user_id: int
+    user_id: int = 0
 
 
 @dataclass(frozen=True)
