@@ -142,7 +142,10 @@ def occurrence_take(
             # Someone moved it between the read and the update: say who has it now.
             now = db_now()
             current = holder_of(QueueTake.objects.get(pk=take.pk), now)
-            if current is not None and current.user_id != user.pk:
+            if current is not None and current.user_id == user.pk:
+                # One's own other request (a double click) took it first: it is theirs.
+                return Taken(current, "You are on it.")
+            if current is not None:
                 raise _taken_by_other(current, now)
             raise ServiceError(
                 ErrorCode.STATE_CHANGED,
@@ -219,7 +222,7 @@ def take_release_on_resolve(
     if not QueueTake.objects.filter(**_as_read(take)).update(
         holder=None, holder_name="", taken_at=None, expires_at=None
     ):
-        return  # moved meanwhile: its mover recorded that
+        return  # taken or let go meanwhile: that move stands, and its event says so
     if held is None:
         return  # it had lapsed already: nobody was on it
     audit_record(

@@ -58,6 +58,12 @@ class QueueRow:
         (console.js)."""
         return "queue-link-" + self.item.key.replace(":", "-")
 
+    @property
+    def take_id(self) -> str:
+        """The row's "I'm on it" / "Let go" button's id: the same for both, so that the
+        keyboard stays on it across the poll's swap."""
+        return "queue-take-" + self.item.key.replace(":", "-")
+
 
 def on_it(holder: Holder | None, now: datetime, viewer_id: Any) -> str:
     """Who is on an item, in words: "Rita is on it · 5 min" ("You are on it" for oneself)."""

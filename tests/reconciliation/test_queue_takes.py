@@ -19,6 +19,7 @@ from approvals.audit.record import db_now
 from approvals.errors import ErrorCode, ServiceError
 from approvals.models import Approval, AuditEvent, Command, Membership, Tenant
 from approvals.vocabulary import AuditKind, EventReason
+from reconciliation import takes
 from reconciliation.models import QueueTake
 from reconciliation.operator_actions import command_accept_ambiguity, command_reconcile
 from reconciliation.selectors import queue as queue_selectors
@@ -180,6 +181,52 @@ def test_the_holder_lets_it_go_and_nobody_else_can(
     [event] = events(AuditKind.OPERATIONS_RELEASED)
     assert (event.actor, event.reason_code) == ("rita.ops", EventReason.LET_GO)
     take(sam, item)  # unowned again: anyone takes it without taking over
+
+
+def _moved_after_the_read(monkeypatch: Any, item: Approval, mover: Any) -> None:
+    """Between the service's read of the row and its conditional update, ``mover`` takes
+    the item (the database's clock is read right after the row)."""
+    real_now = takes.db_now
+    calls: list[int] = []
+
+    def now_then_moved() -> Any:
+        if not calls:
+            calls.append(1)
+            now = real_now()
+            QueueTake.objects.filter(occurrence_id=item.occurrence_id).update(
+                holder_id=mover.pk,
+                holder_name=takes.display_name(mover),
+                taken_at=now,
+                expires_at=now + timedelta(minutes=30),
+            )
+        return real_now()
+
+    monkeypatch.setattr(takes, "db_now", now_then_moved)
+
+
+def test_the_guard_refuses_a_take_whose_row_moved_after_it_was_read(
+    runtime: Runtime, reviewer: Any, rita: Any, sam: Any, monkeypatch: Any
+) -> None:
+    item = expired(runtime, reviewer, "pay_1", minutes_ago=10)
+    _moved_after_the_read(monkeypatch, item, sam)
+
+    refused = refusal_of(lambda: take(rita, item))
+
+    assert refused.code == ErrorCode.TAKEN_BY_OTHER and refused.message.startswith("sam is on")
+    # (Sam's move ran on this test's connection, so the refusal's rollback took it back
+    # too; between processes it stands: test_take_races.)
+    assert events(AuditKind.OPERATIONS_TAKEN) == [], "the loser records nothing"
+
+
+def test_a_double_submit_that_lost_to_itself_is_still_taken(
+    runtime: Runtime, reviewer: Any, rita: Any, monkeypatch: Any
+) -> None:
+    item = expired(runtime, reviewer, "pay_1", minutes_ago=10)
+    _moved_after_the_read(monkeypatch, item, rita)
+
+    taken = take(rita, item)
+
+    assert taken.holder.user_id == rita.pk and taken.message == "You are on it."
 
 
 def test_a_take_lapses_by_the_database_clock(
