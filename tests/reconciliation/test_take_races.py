@@ -86,7 +86,7 @@ def test_of_operators_taking_one_item_at_once_one_wins_and_the_others_hear_who(
                     message
                 )
         row = QueueTake.objects.get(occurrence_id=item.occurrence_id)
-        assert row.holder.username == winner
+        assert row.holder is not None and row.holder.username == winner
         taken = AuditEvent.objects.filter(
             kind=AuditKind.OPERATIONS_TAKEN, occurrence_id=item.occurrence_id
         )
