@@ -68,6 +68,9 @@ class ErrorCode(StrEnum):
     COMPENSATION_IN_PROGRESS = "compensation_in_progress"
     COMPENSATION_FAILED = "compensation_failed"
     SECRET_REQUIRED = "secret_required"
+    # "I'm on it": who holds a queue item.
+    TAKEN_BY_OTHER = "taken_by_other"
+    NOT_HOLDER = "not_holder"
 
 
 class InputError(Exception):

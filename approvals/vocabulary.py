@@ -90,6 +90,10 @@ class EventDecision(models.TextChoices):
     # An escalation to operations: whether its webhook took it.
     DELIVERED = "delivered", "Delivered"
     FAILED = "failed", "Failed"
+    # "I'm on it": an operator took a queue item, took it over, or let it go.
+    TAKEN = "taken", "Taken"
+    TAKEN_OVER = "taken_over", "Taken over"
+    RELEASED = "released", "Let go"
 
 
 # A prior decision on the same action in the run (an answer's ``prior_decisions``): only
@@ -139,6 +143,9 @@ class EventReason(models.TextChoices):
     REPORTED_REJECTED = "reported_rejected", "Reported rejected"
     REPORTED_OUTCOME_UNKNOWN = "reported_outcome_unknown", "Reported of unknown outcome"
     REPORTED_INTERRUPTED = "reported_interrupted", "Reported interrupted"
+    # Why an operator's take ended: let go by hand, or a decision resolved the item.
+    LET_GO = "let_go", "Let go by its holder"
+    RESOLVED = "resolved", "A decision resolved it"
 
     @classmethod
     def already(cls, state: str) -> EventReason:
@@ -216,6 +223,11 @@ class AuditKind(models.TextChoices):
     OPERATOR_RETRY = "operator.retry", "Operator retried"
     OPERATOR_COMPENSATE = "operator.compensate", "Operator compensated"
     OPERATIONS_ESCALATED = "operations.escalated", "Escalated to operations"
+    # "I'm on it": an operator takes a queue item's occurrence, takes it over from another,
+    # or lets it go (by hand, or by a decision that resolved it).
+    OPERATIONS_TAKEN = "operations.taken", "Operator took it"
+    OPERATIONS_TAKEN_OVER = "operations.taken_over", "Operator took it over"
+    OPERATIONS_RELEASED = "operations.released", "Operator let it go"
 
     @classmethod
     def for_claim(cls, decision: str) -> AuditKind:

@@ -384,6 +384,9 @@ DISPATCH_SWEEP_GRACE_SECONDS = env_int("DISPATCH_SWEEP_GRACE_SECONDS", 10)
 # operator's compensation call still unfinished this long is given up as abandoned (the
 # request that made it died), so that another may be made.
 OPERATIONS_STUCK_SECONDS = env_int("OPERATIONS_STUCK_SECONDS", 120)
+# An operator's "I'm on it" lapses this long after it was taken or last renewed (by the
+# database's clock), so that an item nobody works on shows as unowned again.
+OPERATIONS_TAKE_MINUTES = env_int("OPERATIONS_TAKE_MINUTES", 30)
 # Console pages link here in escalation messages.
 CONSOLE_BASE_URL = _env("CONSOLE_BASE_URL") or "http://127.0.0.1:8000"
 

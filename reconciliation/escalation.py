@@ -1,6 +1,8 @@
 """No permanent deadlock: a queue item nobody took for longer than its tenant allows is
 escalated once, by a signed webhook to the tenant's URL (and an email if one is set), with
-the link to its occurrence. Escalation only tells people; it never acts."""
+the link to its occurrence. An item an operator is on ("I'm on it", a live take) is not
+escalated meanwhile; once the take lapses or is let go, it is. Escalation only tells
+people; it never acts."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from approvals.vocabulary import AuditKind, EventDecision
 from reconciliation.adapters.webhook import signed_headers
 from reconciliation.credentials import decrypt
 from reconciliation.models import Escalation, EscalationPolicy
-from reconciliation.selectors.queue import QueueItem, queue_items
+from reconciliation.selectors.queue import Owner, QueueItem, queue_items
 
 log = structlog.get_logger("reconciliation")
 
@@ -95,7 +97,9 @@ def escalations_run() -> int:
         threshold = now - timedelta(minutes=policy.after_minutes)
         overdue = [
             item
-            for item in queue_items(tenant_ids=[policy.tenant_id], now=now)
+            for item in queue_items(
+                tenant_ids=[policy.tenant_id], now=now, owner=Owner(Owner.UNOWNED)
+            )
             if item.since <= threshold
         ]
         for item in overdue:

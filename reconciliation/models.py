@@ -9,9 +9,10 @@ occurrence can go on (``Interruption``), and each decision that admitted a new e
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
-from approvals.models import Command, Epoch, Tenant
+from approvals.models import Command, Epoch, Occurrence, Tenant
 
 
 class AdapterInvocation(models.Model):
@@ -217,3 +218,39 @@ class Escalation(models.Model):
 
     def __str__(self) -> str:
         return f"escalation {self.item_key}"
+
+
+class QueueTake(models.Model):
+    """Who is on an occurrence of the operators' queue ("I'm on it"): one row per
+    occurrence, its holder set and cleared by guarded updates (``reconciliation.takes``).
+    A take lapses at ``expires_at`` (the database's clock) without anyone clearing it: the
+    readers compare, so an expired row reads as nobody's."""
+
+    occurrence = models.OneToOneField(Occurrence, on_delete=models.CASCADE, related_name="take")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    holder = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    # The name the queue shows ("Rita is on it"), kept as it was when taken.
+    holder_name = models.CharField(max_length=150, blank=True)
+    taken_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(
+                    holder__isnull=True, taken_at__isnull=True, expires_at__isnull=True
+                )
+                | models.Q(holder__isnull=False, taken_at__isnull=False, expires_at__isnull=False),
+                name="take_holder_has_times",
+            ),
+        ]
+        indexes = [models.Index(fields=["holder", "expires_at"], name="take_by_holder")]
+
+    def __str__(self) -> str:
+        return f"take of {self.occurrence_id} by {self.holder_name or 'nobody'}"

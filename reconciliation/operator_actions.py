@@ -31,6 +31,7 @@ from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
 from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
+from reconciliation.takes import take_release_on_resolve
 
 # Invocations whose receipt names the effect under the command's key (a compensation's
 # names its reversal).
@@ -247,6 +248,15 @@ def _record(
             **(data or {}),
         },
     )
+    # A decision that settles something (a finding, a moved effect, a new epoch) resolves
+    # the item: whoever was on it is let go. A query that could not tell resolves nothing.
+    if finding or state_after != before or action != OperatorDecision.Action.QUERY_EFFECT:
+        take_release_on_resolve(
+            occurrence_id=command.occurrence_id,
+            tenant_id=command.tenant_id,
+            operator=operator,
+            decision=decision.pk,
+        )
     command.state = state_after
     return decision
 

@@ -1,5 +1,7 @@
 """The operators' queue: what needs a person (outcome unknown, interrupted, stuck before or
-during dispatch, admitted and waiting), counted per reason and listed oldest first."""
+during dispatch, admitted and waiting), counted per reason and listed oldest first, each
+item with who is on it ("I'm on it", ``reconciliation.takes``), and filtered by that
+(``Owner``: mine, unowned) in the same statements."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from approvals.models import (
     Approval,
@@ -20,10 +24,21 @@ from approvals.models import (
 )
 from approvals.sql import Columns, fetch, on_postgresql, split, words
 from approvals.vocabulary import QUEUE_REASONS, QueueReason
-from reconciliation.models import (
-    EpochAdmission,
-    Interruption,
-)
+from reconciliation.models import EpochAdmission, Interruption, QueueTake
+from reconciliation.takes import Holder, holder_of
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The queue's owner filter: ``mine`` (items ``user_id`` is on) or ``unowned`` (items
+    nobody is on, a lapsed take counted as nobody's; whose filter it is does not matter)."""
+
+    MINE = "mine"
+    UNOWNED = "unowned"
+    CHOICES = (("", "All"), (MINE, "Mine"), (UNOWNED, "Unowned"))
+
+    mode: str
+    user_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,7 @@ class QueueItem:
     since: datetime  # when the item started needing a person
     occurrence: Occurrence
     command: Command | None
+    holder: Holder | None = None  # who is on it ("I'm on it"), None: nobody
 
     @property
     def reason_label(self) -> str:
@@ -61,10 +77,12 @@ def _queue_querysets(
     now: datetime,
     tool_id: int | None,
     occurrence_ids: list[Any] | None = None,
+    owner: Owner | None = None,
 ) -> dict[str, tuple[QuerySet[Any], str]]:
     """Per reason: the rows (the ORM twin of the statements below, which SQLite runs and
-    the tests hold them equal to), and the field that says since when they need a
-    person. ``occurrence_ids``: only theirs (a search's answer, ``queue_search``)."""
+        the tests hold them equal to), and the field that says since when they need a
+        person. ``occurrence_ids``: only theirs (a search's answer, ``queue_search``); ``owner``:
+    only those the user is on, or those nobody is on."""
     stuck = _stuck(now)
     commands = Command.objects.filter(tenant_id__in=tenant_ids)
     # Never claimed: a claim consumes the approval and creates its command in one
@@ -88,6 +106,10 @@ def _queue_querysets(
         commands = commands.filter(occurrence_id__in=occurrence_ids)
         approvals = approvals.filter(occurrence_id__in=occurrence_ids)
         interruptions = interruptions.filter(command__occurrence_id__in=occurrence_ids)
+    if owner is not None:
+        commands = commands.filter(_owned(owner, "occurrence_id"))
+        approvals = approvals.filter(_owned(owner, "occurrence_id"))
+        interruptions = interruptions.filter(_owned(owner, "command__occurrence_id"))
     querysets = {
         QueueReason.OUTCOME_UNKNOWN: commands.filter(state=Command.State.OUTCOME_UNKNOWN),
         QueueReason.INTERRUPTED: interruptions,
@@ -109,6 +131,16 @@ def _queue_querysets(
         QueueReason.EXPIRED_UNCLAIMED: approvals,
     }
     return {reason: (queryset, _SINCE[reason]) for reason, queryset in querysets.items()}
+
+
+def _owned(owner: Owner, occurrence_field: str) -> Any:
+    """The ORM twin of ``_OWNED_SQL``: the owner filter on a reason's rows."""
+    live = QueueTake.objects.filter(
+        occurrence_id=OuterRef(occurrence_field), holder__isnull=False, expires_at__gt=Now()
+    )
+    if owner.mode == Owner.MINE:
+        return Exists(live.filter(holder_id=owner.user_id))
+    return ~Exists(live)
 
 
 def _stuck(now: datetime) -> datetime:
@@ -185,6 +217,17 @@ _OCCURRENCE_OF: dict[str, str] = {
 }
 
 
+# The owner filter, by the database's clock (a take lapses at its ``expires_at``).
+_LIVE_TAKE = (
+    "SELECT 1 FROM reconciliation_queuetake k WHERE k.occurrence_id = {occurrence}"
+    " AND k.holder_id IS NOT NULL AND k.expires_at > CURRENT_TIMESTAMP"
+)
+_OWNED_SQL = {
+    Owner.MINE: f" AND EXISTS ({_LIVE_TAKE} AND k.holder_id = %s)",
+    Owner.UNOWNED: f" AND NOT EXISTS ({_LIVE_TAKE})",
+}
+
+
 def _reason_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, str, list[Any]]:
     """A reason's FROM and WHERE clauses (the tool's filter joins the occurrence), and
     their values."""
@@ -197,6 +240,11 @@ def _reason_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, 
     if values.get("occurrences") is not None:
         condition += f" AND {_OCCURRENCE_OF[name]} = ANY(%s)"
         params.append(values["occurrences"])
+    owner: Owner | None = values.get("owner")
+    if owner is not None:
+        condition += _OWNED_SQL[owner.mode].format(occurrence=_OCCURRENCE_OF[name])
+        if owner.mode == Owner.MINE:
+            params.append(owner.user_id)
     return table, condition, params
 
 
@@ -206,6 +254,7 @@ def queue_counts(
     now: datetime,
     tool_id: int | None = None,
     occurrence_ids: list[Any] | None = None,
+    owner: Owner | None = None,
 ) -> dict[str, int]:
     """How many items of each reason, in one statement: each reason's count is a scalar
     subquery of its own, planned on its own index as a separate ``count()`` would be, but
@@ -214,7 +263,7 @@ def queue_counts(
         return {
             reason: queryset.count()
             for reason, (queryset, _) in _queue_querysets(
-                tenant_ids, now, tool_id, occurrence_ids
+                tenant_ids, now, tool_id, occurrence_ids, owner
             ).items()
         }
     values = {
@@ -224,6 +273,7 @@ def queue_counts(
         "stuck_sending": _stuck_sending(now),
         "tool": tool_id,
         "occurrences": occurrence_ids,
+        "owner": owner,
     }
     columns, params = [], []
     for name in QUEUE_REASONS:
@@ -248,19 +298,23 @@ _COMMAND = Columns(Command, "c")
 _OCCURRENCE = Columns(Occurrence, "o")
 _TOOL = Columns(ToolContract, "t", defer=_TOOL_UNSHOWN)
 _TENANT = Columns(Tenant, "n")
+_TAKE = Columns(QueueTake, "h")
 
 
 def _items_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, list[Any]]:
     """A reason's oldest rows (``LIMIT %s``), each with its occurrence, tool and tenant
-    (and, for an interruption, its command)."""
+    (and, for an interruption, its command), and its live take if anyone is on it."""
     table, condition, params = _reason_sql(name, by_tool, values)
     command = f", {_COMMAND.sql}" if name == QueueReason.INTERRUPTED else ""
     since = _REASON_SQL[name][3]
-    sql = f"""SELECT {_ROW[name].sql}{command}, {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql}
+    sql = f"""SELECT {_ROW[name].sql}{command}, {_OCCURRENCE.sql}, {_TOOL.sql}, {_TENANT.sql},
+                     {_TAKE.sql}
                 FROM {table}
                 JOIN approvals_occurrence o ON o.id = {_OCCURRENCE_OF[name]}
                 JOIN approvals_toolcontract t ON t.id = o.tool_id
                 JOIN approvals_tenant n ON n.id = o.tenant_id
+                LEFT JOIN reconciliation_queuetake h ON h.occurrence_id = o.id
+                     AND h.holder_id IS NOT NULL AND h.expires_at > CURRENT_TIMESTAMP
                WHERE {condition}
                ORDER BY {since}, x.id
                LIMIT %s"""  # noqa: S608 (no input in the text)
@@ -269,35 +323,59 @@ def _items_sql(name: str, by_tool: bool, values: dict[str, Any]) -> tuple[str, l
 
 def _items_of(name: str, values: dict[str, Any], limit: int) -> list[Any]:
     """A reason's oldest rows: a command, an interruption or an approval, each with its
-    occurrence (whose tool and tenant are set)."""
+    occurrence (whose tool and tenant are set, and ``queue_holder``: who is on it)."""
     if not on_postgresql():
         queryset, since_field = _queue_querysets(
-            values["tenant_ids"], values["now"], values["tool"], values["occurrences"]
+            values["tenant_ids"],
+            values["now"],
+            values["tool"],
+            values["occurrences"],
+            values["owner"],
         )[name]
-        if name == QueueReason.INTERRUPTED:
-            queryset = queryset.select_related(
-                "command__occurrence__tool", "command__occurrence__tenant"
-            ).defer(*(f"command__occurrence__tool__{f}" for f in _TOOL_UNSHOWN))
-        else:
-            queryset = queryset.select_related("occurrence__tool", "occurrence__tenant").defer(
-                *(f"occurrence__tool__{f}" for f in _TOOL_UNSHOWN)
-            )
+        prefix = "command__occurrence" if name == QueueReason.INTERRUPTED else "occurrence"
+        queryset = queryset.select_related(
+            f"{prefix}__tool", f"{prefix}__tenant", f"{prefix}__take"
+        ).defer(*(f"{prefix}__tool__{f}" for f in _TOOL_UNSHOWN))
         # Ties (two rows changed at one instant) in the order of their ids, as the SQL's.
-        return list(queryset.order_by(since_field, "pk")[:limit])
+        rows = list(queryset.order_by(since_field, "pk")[:limit])
+        for row in rows:
+            occurrence = (
+                row.command.occurrence if name == QueueReason.INTERRUPTED else row.occurrence
+            )
+            take = getattr(occurrence, "take", None) if _has_take(occurrence) else None
+            # SQLite runs in this process: its clock is this process's (``db_now``).
+            occurrence.queue_holder = holder_of(take, timezone.now())
+        return rows
     sql, params = _items_sql(name, values["tool"] is not None, values)
     rows = []
     for row in fetch(sql, [*params, limit]):
         if name == QueueReason.INTERRUPTED:
-            item, command, occurrence, tool, tenant = split(
-                row, _ROW[name], _COMMAND, _OCCURRENCE, _TOOL, _TENANT
+            item, command, occurrence, tool, tenant, take = split(
+                row, _ROW[name], _COMMAND, _OCCURRENCE, _TOOL, _TENANT, _TAKE
             )
             item.command, command.occurrence = command, occurrence
         else:
-            item, occurrence, tool, tenant = split(row, _ROW[name], _OCCURRENCE, _TOOL, _TENANT)
+            item, occurrence, tool, tenant, take = split(
+                row, _ROW[name], _OCCURRENCE, _TOOL, _TENANT, _TAKE
+            )
             item.occurrence = occurrence
         occurrence.tool, occurrence.tenant = tool, tenant
+        # The join kept only a live take (by the database's clock).
+        occurrence.queue_holder = (
+            Holder(take.holder_id, take.holder_name, take.taken_at, take.expires_at)
+            if take is not None
+            else None
+        )
         rows.append(item)
     return rows
+
+
+def _has_take(occurrence: Occurrence) -> bool:
+    try:
+        occurrence.take  # type: ignore[attr-defined]  # noqa: B018 (select_related's cache)
+    except QueueTake.DoesNotExist:
+        return False
+    return True
 
 
 _CURRENT_PROPOSAL = Columns(Proposal, "p")
@@ -321,11 +399,12 @@ def queue_items(
     limit: int | None = None,
     counts: dict[str, int] | None = None,
     occurrence_ids: list[Any] | None = None,
+    owner: Owner | None = None,
 ) -> list[QueueItem]:
     """What needs a person, oldest first: one query per reason, with the occurrence, its
     tool and tenant, then the current proposals of them all (for the amount read for
     people). Given the ``queue_counts`` just read, a reason with nothing in it is not asked
-    again. ``occurrence_ids``: only theirs (a search's answer)."""
+    again. ``occurrence_ids``: only theirs (a search's answer); ``owner``: mine or unowned."""
     limit = QUEUE_LIMIT if limit is None else limit
     values = {
         "tenant_ids": tenant_ids,
@@ -334,6 +413,7 @@ def queue_items(
         "stuck_sending": _stuck_sending(now),
         "tool": tool_id,
         "occurrences": occurrence_ids,
+        "owner": owner,
     }
     items: list[QueueItem] = []
     for name in QUEUE_REASONS:
@@ -343,7 +423,12 @@ def queue_items(
         if name == QueueReason.INTERRUPTED:
             items += [
                 QueueItem(
-                    f"{name}:{row.pk}", name, row.created_at, row.command.occurrence, row.command
+                    f"{name}:{row.pk}",
+                    name,
+                    row.created_at,
+                    row.command.occurrence,
+                    row.command,
+                    row.command.occurrence.queue_holder,
                 )
                 for row in rows
             ]
@@ -353,7 +438,12 @@ def queue_items(
             command = row if isinstance(row, Command) else None
             items.append(
                 QueueItem(
-                    f"{name}:{row.pk}", name, getattr(row, since_field), row.occurrence, command
+                    f"{name}:{row.pk}",
+                    name,
+                    getattr(row, since_field),
+                    row.occurrence,
+                    command,
+                    row.occurrence.queue_holder,
                 )
             )
     items.sort(key=lambda item: item.since)

@@ -28,6 +28,7 @@ from reconciliation.action_rules import allowed_actions, why_not
 from reconciliation.models import OperatorDecision
 from reconciliation.selectors.queue import QueueItem, queue_item_arguments
 from reconciliation.selectors.timeline import Timeline
+from reconciliation.takes import Holder
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,20 @@ class QueueRow:
     age: str
     money: list[MoneyLine]
     identifiers: list[tuple[str, str]]  # (argument, value): agent-supplied, shown revealed
+    on_it: str = ""  # "Rita is on it · 5 min", "" when nobody is
+    mine: bool = False  # the viewer is on it
 
     @property
     def href(self) -> str:
         return occurrence_path("reconciliation:timeline", self.item.occurrence.pk)
+
+    @property
+    def take_url(self) -> str:
+        return reverse("reconciliation:take", args=[self.item.occurrence.pk, "take"])
+
+    @property
+    def release_url(self) -> str:
+        return reverse("reconciliation:take", args=[self.item.occurrence.pk, "release"])
 
     @property
     def link_id(self) -> str:
@@ -47,8 +58,23 @@ class QueueRow:
         (console.js)."""
         return "queue-link-" + self.item.key.replace(":", "-")
 
+    @property
+    def take_id(self) -> str:
+        """The row's "I'm on it" / "Let go" button's id: the same for both, so that the
+        keyboard stays on it across the poll's swap."""
+        return "queue-take-" + self.item.key.replace(":", "-")
 
-def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:
+
+def on_it(holder: Holder | None, now: datetime, viewer_id: Any) -> str:
+    """Who is on an item, in words: "Rita is on it · 5 min" ("You are on it" for oneself)."""
+    if holder is None:
+        return ""
+    minutes = holder.minutes(now)
+    who = "You are" if holder.user_id == viewer_id else f"{holder.name} is"
+    return f"{who} on it · {f'{minutes} min' if minutes else 'just now'}"
+
+
+def queue_rows(items: list[QueueItem], now: datetime, viewer_id: Any = None) -> list[QueueRow]:
     rows = []
     for item in items:
         arguments = queue_item_arguments(item)
@@ -58,6 +84,8 @@ def queue_rows(items: list[QueueItem], now: datetime) -> list[QueueRow]:
                 age(item.since, now),
                 money_lines(arguments),
                 item.occurrence.tool.identifying(arguments),
+                on_it(item.holder, now, viewer_id),
+                item.holder is not None and item.holder.user_id == viewer_id,
             )
         )
     return rows

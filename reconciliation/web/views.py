@@ -1,19 +1,23 @@
 """The operators' console: the queue of what needs a person, an occurrence's timeline with
 its three evidence dimensions, and the decisions an operator can record. Every decision
 is a POST (CSRF) with a required note, refused with the new state shown when the state
-no longer allows it."""
+no longer allows it. "I'm on it" (take, take over, let go) is a POST too, answered like a
+decision: a redirect back to the page it came from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.errors import ServiceError
@@ -25,7 +29,8 @@ from approvals.web.selectors.access import console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.shell import console_login_required, header_links
 from reconciliation import operator_actions as operations
-from reconciliation.selectors.queue import queue_counts, queue_items
+from reconciliation import takes
+from reconciliation.selectors.queue import Owner, queue_counts, queue_items
 from reconciliation.selectors.queue_search import SEARCH_MAX, queue_search
 from reconciliation.selectors.timeline import timeline_get
 from reconciliation.web import presenters
@@ -56,12 +61,16 @@ def queue(request: HttpRequest) -> HttpResponse:
     sort = request.GET.get("sort", "")
     sort = sort if sort in presenters.QUEUE_SORTS else "age"
     descending = request.GET.get("dir") == "desc"
+    owner_mode = request.GET.get("owner", "")
+    owner_mode = owner_mode if owner_mode in (Owner.MINE, Owner.UNOWNED) else ""
+    # Signed in (console_login_required): the user has a primary key.
+    owner = Owner(owner_mode, cast(int, request.user.pk)) if owner_mode else None
     now = timezone.now()
     tenant_ids = [t.pk for t in tenants]
     # A search names occurrences first; the queue then lists only theirs.
     found = queue_search(q=q, tenant_ids=tenant_ids) if q else None
     counts = queue_counts(
-        tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool), occurrence_ids=found
+        tenant_ids=tenant_ids, now=now, tool_id=tools.get(tool), occurrence_ids=found, owner=owner
     )
     items = queue_items(
         tenant_ids=tenant_ids,
@@ -70,19 +79,31 @@ def queue(request: HttpRequest) -> HttpResponse:
         tool_id=tools.get(tool),
         counts=counts,
         occurrence_ids=found,
+        owner=owner,
     )
     total = sum(counts.values())
     matching = counts[reason] if reason else total
-    filters = urlencode([(k, v) for k, v in (("reason", reason), ("tool", tool), ("q", q)) if v])
+    narrowing = (("reason", reason), ("tool", tool), ("owner", owner_mode), ("q", q))
+    filters = urlencode([(k, v) for k, v in narrowing if v])
     base = f"{reverse('reconciliation:queue')}?{filters}"
-    rows = presenters.queue_sorted(presenters.queue_rows(items, now), sort, descending)
+    rows = presenters.queue_sorted(
+        presenters.queue_rows(items, now, request.user.pk), sort, descending
+    )
     show_tenant = len(tenants) > 1
     direction = "desc" if descending else "asc"
+    poll_url = f"{base}{'&' if filters else ''}sort={sort}&dir={direction}"
     context = {
         **links,
         "rows": rows,
         "rows_html": render_rows(
-            "reconciliation/queue_rows.html", {"rows": rows, "show_tenant": show_tenant}
+            "reconciliation/queue_rows.html",
+            {
+                "rows": rows,
+                "show_tenant": show_tenant,
+                # The rows' "I'm on it" forms: their token, and where their answer leads.
+                "csrf_token": get_token(request),
+                "back": poll_url,
+            },
         ),
         "counts": [(r, r.label, counts[r]) for r in QUEUE_REASONS],
         "total": total,
@@ -91,12 +112,16 @@ def queue(request: HttpRequest) -> HttpResponse:
         "reason": reason,
         "tool": tool,
         "q": q,
-        "count_query": urlencode([(k, v) for k, v in (("tool", tool), ("q", q)) if v]),
+        "owner": owner_mode,
+        "owner_choices": Owner.CHOICES,
+        "count_query": urlencode(
+            [(k, v) for k, v in (("tool", tool), ("owner", owner_mode), ("q", q)) if v]
+        ),
         "sorts": presenters.queue_sort_links(base, sort, descending),
         "reason_choices": presenters.REASON_CHOICES,
         "tool_choices": [("", "All tools"), *((name, name) for name in tools)],
         "show_tenant": show_tenant,
-        "poll_url": f"{base}{'&' if filters else ''}sort={sort}&dir={direction}",
+        "poll_url": poll_url,
         "poll_seconds": QUEUE_POLL_SECONDS,
         "announce": f"{total} item{'s' if total != 1 else ''} need a person",
     }
@@ -118,8 +143,13 @@ def _timeline_context(
         raise Http404("No such occurrence in your tenants.")
     now = timezone.now()
     command = timeline.commands[-1] if timeline.commands else None
+    holder, db_now = takes.take_holder(occurrence_id=timeline.occurrence.pk)
     return {
         **links,
+        "holder": holder,
+        "on_it": presenters.on_it(holder, db_now, request.user.pk),
+        "mine": holder is not None and holder.user_id == request.user.pk,
+        "take_minutes": settings.OPERATIONS_TAKE_MINUTES,
         "timeline": timeline,
         "occurrence": timeline.occurrence,
         "command": command,
@@ -205,3 +235,49 @@ def command_action(request: HttpRequest, command_id: Any, action: str) -> HttpRe
         return render(request, TEMPLATE_TIMELINE, context, status=status)
     messages.success(request, done.message)
     return redirect(reverse("reconciliation:timeline", args=[command.occurrence_id]))
+
+
+TAKE_MOVES = ("take", "release")
+
+
+def _back(request: HttpRequest, occurrence_id: Any) -> str:
+    """Where a take's answer leads: the page its form was on (the queue with its filters,
+    or the timeline), never anywhere off the operations pages."""
+    back = request.POST.get("back", "")
+    if back.startswith(reverse("reconciliation:queue")) and url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}
+    ):
+        return back
+    return reverse("reconciliation:timeline", args=[occurrence_id])
+
+
+@require_POST
+@console_login_required
+def occurrence_take(request: HttpRequest, occurrence_id: Any, move: str) -> HttpResponse:
+    """ "I'm on it", taking it over (the form names the holder its page showed, and the
+    operator confirmed), or letting it go; refusals said on the page it leads back to."""
+    if move not in TAKE_MOVES:
+        raise Http404("No such action.")
+    tenants, _ = _operator(request)
+    tenant_ids = [t.pk for t in tenants]
+    back = _back(request, occurrence_id)
+    try:
+        if move == "take":
+            confirmed = request.POST.get("confirm") == "yes"
+            message = takes.occurrence_take(
+                occurrence_id=occurrence_id,
+                tenant_ids=tenant_ids,
+                user=request.user,
+                take_over=request.POST.get("take_over") if confirmed else None,
+            ).message
+        else:
+            message = takes.occurrence_release(
+                occurrence_id=occurrence_id, tenant_ids=tenant_ids, user=request.user
+            )
+    except ServiceError as refusal:
+        if refusal.status == 404:
+            raise Http404(refusal.message) from refusal
+        messages.error(request, refusal.message, extra_tags=f"refusal {refusal.code}")
+        return redirect(back)
+    messages.success(request, message)
+    return redirect(back)

@@ -82,6 +82,9 @@ STORED = {
     "operator.retry",
     "operator.compensate",
     "operations.escalated",
+    "operations.taken",
+    "operations.taken_over",
+    "operations.released",
 }
 
 
@@ -296,6 +299,9 @@ STORED_EVENT_DECISIONS = {
     "refused",
     "delivered",
     "failed",
+    "taken",
+    "taken_over",
+    "released",
 }
 STORED_EVENT_REASONS = {
     "rejected_by_reviewer",
@@ -319,6 +325,8 @@ STORED_EVENT_REASONS = {
     "reported_rejected",
     "reported_outcome_unknown",
     "reported_interrupted",
+    "let_go",
+    "resolved",
 }
 
 

@@ -242,6 +242,8 @@ STORED_CODES = {
     "compensation_in_progress",
     "compensation_failed",
     "secret_required",
+    "taken_by_other",
+    "not_holder",
 }
 
 

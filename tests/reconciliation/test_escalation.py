@@ -13,11 +13,13 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from approvals.audit.record import db_now
 from approvals.models import AuditEvent, Command
 from reconciliation.credentials import encrypt
 from reconciliation.dispatch import command_dispatch
 from reconciliation.escalation import escalations_run
-from reconciliation.models import Escalation, EscalationPolicy
+from reconciliation.models import Escalation, EscalationPolicy, QueueTake
+from reconciliation.takes import occurrence_take
 from tests.conftest import Runtime
 from tests.demo.sandbox_fixture import SandboxProcess
 from tests.reconciliation.conftest import claim_command
@@ -124,3 +126,20 @@ def test_a_private_address_is_not_called_unless_the_operator_allows_it(
     escalation = Escalation.objects.get()
     assert escalation.delivered is False
     assert escalation.detail.startswith("webhook failed: ConnectError")
+
+
+def test_an_item_an_operator_is_on_is_not_escalated_until_the_take_ends(
+    remote: SandboxProcess, runtime: Runtime, reviewer: Any, policy: EscalationPolicy, operator: Any
+) -> None:
+    command = unknown_for(runtime, reviewer, remote, minutes=45)
+    occurrence_take(
+        occurrence_id=command.occurrence_id, tenant_ids=[policy.tenant_id], user=operator
+    )
+
+    assert escalations_run() == 0
+    assert remote.messages() == [] and not Escalation.objects.exists()
+
+    QueueTake.objects.filter(occurrence_id=command.occurrence_id).update(
+        expires_at=db_now() - timedelta(seconds=1)
+    )
+    assert escalations_run() == 1, "the take lapsed: nobody is on it"
