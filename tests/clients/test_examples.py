@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from approvals.models import Command, Occurrence
+from reconciliation.dispatch import command_dispatch
 from tests.clients.conftest import approve, reject
+from tests.demo.sandbox_fixture import SandboxProcess
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
 EXAMPLES = CLIENT / "examples"
@@ -69,11 +71,16 @@ class Finished:
 
 
 def run_example(
-    name: str, live_server: Any, runtime: Any, tmp_path: Path, decide: Callable[[str], object]
+    name: str,
+    live_server: Any,
+    runtime: Any,
+    tmp_path: Path,
+    decide: Callable[[str], object],
+    then: Callable[[str], object] | None = None,
 ) -> Finished:
     """Start ``examples/<name>`` in a process of its own, pointed at the live console; once
-    it has proposed, check that nothing ran yet, ``decide`` the occurrence as a reviewer, and
-    wait for the process to finish (it must exit 0)."""
+    it has proposed, check that nothing ran yet, ``decide`` the occurrence as a reviewer,
+    run ``then`` (the console's worker), and wait for the process to finish (exit 0)."""
     env = {
         **os.environ,
         "APPROVAL_CONSOLE_URL": live_server.url,
@@ -93,6 +100,8 @@ def run_example(
             assert "CRM:" not in out.read_text()  # nothing runs before a decision
             assert not Command.objects.filter(occurrence_id=occurrence_id).exists()
             decide(occurrence_id)
+            if then is not None:
+                then(occurrence_id)
             returncode = process.wait(timeout=FINISH_SECONDS)
         finally:
             if process.poll() is None:
@@ -230,3 +239,35 @@ def test_agents_sdk_example_applies_the_rejection(
     )
     nothing_ran(finished)
     assert f"rejected call_0: {REASON}" in finished.stdout.splitlines(), finished.explain()
+
+
+def console_worker(occurrence_id: str) -> None:
+    """The console's worker: once the example claimed, deliver its command (the Celery
+    task calls the same service) to the sandbox payments service."""
+    deadline = time.monotonic() + FINISH_SECONDS
+    while not (command := Command.objects.filter(occurrence_id=occurrence_id).first()):
+        assert time.monotonic() < deadline, "the example did not claim"
+        time.sleep(0.1)
+    command_dispatch(command_id=str(command.pk))
+
+
+@pytest.mark.slow
+@examples
+def test_console_executed_example_waits_for_the_refund_the_console_sent(
+    live_server: Any, runtime: Any, reviewer: Any, payments: SandboxProcess, tmp_path: Path
+):
+    finished = run_example(
+        "console_executed.py",
+        live_server,
+        runtime,
+        tmp_path,
+        lambda pk: approve(pk, reviewer),
+        then=console_worker,
+    )
+    (refund,) = payments.refunds()  # one effect, sent by the console, not by the example
+    (command,) = Command.objects.filter(occurrence_id=finished.occurrence_id)
+    assert command.executed_by == "console" and command.state == Command.State.COMMITTED
+    assert refund["idempotency_key"] == command.idempotency_key
+    lines = finished.stdout.splitlines()
+    assert "claimed; executed by console" in lines
+    assert lines[-1].startswith("effect: committed, receipt re_"), finished.explain()
