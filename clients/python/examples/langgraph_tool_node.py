@@ -62,7 +62,7 @@ def route(state: MessagesState) -> str:
 console = ApprovalConsole(URL, KEY, long_poll=True)
 close_case = gated_tool(console, "close_case", close_in_crm)
 
-builder = StateGraph(MessagesState, input_schema=MessagesState)
+builder = StateGraph(MessagesState, input_schema=MessagesState)  # types invoke()
 builder.add_node("agent", agent)
 builder.add_node("tools", tool_node(close_case))  # instead of ToolNode for gated tools
 builder.add_edge(START, "agent")
