@@ -8,7 +8,13 @@ recovered from the checkpointer without a second effect."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +32,7 @@ from approvals.models import Command, Occurrence
 from tests.clients.conftest import audit_kinds, edit, reject
 from tests.clients.test_adapters_truth import ConsoleWorker
 from tests.conftest import approve
-from tests.demo.sandbox_fixture import SandboxProcess
+from tests.demo.sandbox_fixture import ROOT, SandboxProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -306,6 +312,76 @@ def test_a_crash_in_the_tool_after_the_claim_goes_to_an_operator(
     assert len(crm.calls) == 1
     (command,) = Command.objects.filter(occurrence_id=occurrence_id)
     assert command.state == Command.State.OUTCOME_UNKNOWN
+
+
+def run_agent(url: str, key: str, folder: Path, step: str, kill: str = "") -> Any:
+    """One agent process (tests/clients/langchain_agent_process.py), to its end or its
+    SIGKILL."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "clients/python/src")]),
+    }
+    command = [sys.executable, "-m", "tests.clients.langchain_agent_process"]
+    return subprocess.run(
+        [*command, url, key, str(folder), step, kill],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def effects_in(folder: Path) -> list[dict[str, str]]:
+    path = folder / "effects.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kill", "runs", "status", "state"),
+    [
+        # Killed after the pickup, before the claim: the token is re-delivered to the same
+        # execution, claimed, and the tool runs once.
+        ("before_claim", 1, "success", Command.State.COMMITTED),
+        # Killed after the claim, before the tool: close_case is unsafe, so the restarted
+        # process cannot tell whether it ran and does not run it: an operator decides.
+        ("after_claim", 0, "error", Command.State.OUTCOME_UNKNOWN),
+    ],
+)
+def test_a_process_killed_after_the_approval_resumes_from_its_checkpoints(
+    live_server: Any,
+    runtime: Any,
+    reviewer: Any,
+    tmp_path: Path,
+    kill: str,
+    runs: int,
+    status: str,
+    state: str,
+):
+    """Real processes and a real SIGKILL: the agent pauses, is approved, dies in the
+    middleware, and a new process resumes the thread from the checkpoints it left."""
+    started = run_agent(live_server.url, runtime.raw_key, tmp_path, "start")
+    assert started.returncode == 0, started.stderr
+    (occurrence_id,) = json.loads(started.stdout.splitlines()[-1])
+    approve(occurrence_id, reviewer)
+
+    killed = run_agent(live_server.url, runtime.raw_key, tmp_path, "resume", kill)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert effects_in(tmp_path) == []
+
+    restarted = run_agent(live_server.url, runtime.raw_key, tmp_path, "restart")
+    assert restarted.returncode == 0, restarted.stderr
+    answer = json.loads(restarted.stdout.splitlines()[-1])
+    assert answer["status"] == status
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert command.state == state
+    assert effects_in(tmp_path) == [{**CASE, "key": command.idempotency_key}] * runs
+    kinds = audit_kinds(occurrence_id)
+    assert kinds.count("claim.approved") == 1
+    assert kinds.count("token.redelivered") == (1 if kill == "before_claim" else 0)
+    assert Occurrence.objects.count() == 1
 
 
 def test_outside_a_console_approved_call_there_is_no_idempotency_key():
