@@ -249,6 +249,28 @@ def test_calls_of_one_message_are_proposed_together_and_decided_separately(
     assert "Case 78 is not solved." in refused.text
 
 
+def test_per_call_mode_pauses_once_per_call_and_runs_it_after_the_claim(
+    console: ApprovalConsole, reviewer: Any
+):
+    """``interrupt_mode="per_call"`` as LangChain has it: a ``ToolApprovalRequest`` per
+    call, answered by interrupt id (the answer is not used: the console decides)."""
+    saver, crm = InMemorySaver(), CRM()
+    fake = model(calls(("close_case", "call_0", CASE)), AIMessage("Closed."))
+    app = agent(console, saver, fake, crm, interrupt_mode="per_call")
+    started = app.invoke({"messages": [HumanMessage("Close case 77.")]}, THREAD)
+    (pause,) = started["__interrupt__"]
+    assert pause.value["type"] == "tool_approval" and pause.value["tool_call_id"] == "call_0"
+    (info,) = pause.value["approval_console"]["calls"]
+    assert crm.calls == []
+    approve(info["occurrence_id"], reviewer)
+
+    result = app.invoke(Resume(resume={pause.id: {"type": "reject"}}), THREAD)
+    (command,) = Command.objects.filter(occurrence_id=info["occurrence_id"])
+    assert crm.calls == [(CASE, command.idempotency_key)]
+    (answer,) = tool_messages(result)
+    assert answer.status == "success" and answer.text == "case_77 closed"
+
+
 class ClaimCrashes(ApprovalConsole):
     """Dies after the token was picked up, before the claim is sent."""
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Literal
 
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -122,6 +122,9 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     in the console. ``effect_timeout``: how long to wait for the effect of a tool the
     console executes (and for another process resuming the same call). ``requested_by``,
     ``attempt`` and ``renew_expired`` are the LangGraph adapter's (``gated_tool``).
+    ``interrupt_mode`` is LangChain's: ``"batched"`` proposes a model turn's calls together
+    and pauses once for them; ``"per_call"`` proposes each call as it starts and pauses
+    with one ``ToolApprovalRequest`` interrupt per call.
     """
 
     def __init__(
@@ -134,8 +137,14 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         attempt: int = 1,
         renew_expired: bool = True,
         effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
+        interrupt_mode: Literal["batched", "per_call"] = "batched",
     ) -> None:
         super().__init__()
+        if interrupt_mode not in ("batched", "per_call"):
+            raise ValueError(
+                f"interrupt_mode must be 'batched' or 'per_call', not {interrupt_mode!r}"
+            )
+        self.interrupt_mode = interrupt_mode
         self.console = console
         self.description_prefix = description_prefix
         self.requested_by = requested_by
@@ -187,8 +196,23 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         )
 
     def _pause(self, waiting: Sequence[tuple[ToolCall, Occurrence]]) -> None:
-        """Stop the agent until resumed (the resume value is not used): a ``HITLRequest``
-        for the calls still in review, and their occurrences under ``approval_console``."""
+        """Stop the agent until resumed (the resume value is not used), with the value
+        LangChain's middleware would pause with (a ``HITLRequest``, or in ``per_call``
+        mode a ``ToolApprovalRequest``) and the occurrences under ``approval_console``."""
+        console = {ARTIFACT_KEY: {"calls": [_info(o, str(c["id"])) for c, o in waiting]}}
+        if self.interrupt_mode == "per_call":
+            ((call, occurrence),) = waiting
+            interrupt(
+                {
+                    "type": "tool_approval",
+                    "tool_call_id": call["id"],
+                    "name": call["name"],
+                    "args": call["args"],
+                    "description": occurrence.reason,
+                    **console,
+                }
+            )
+            return
         interrupt(
             {
                 "action_requests": [
@@ -204,7 +228,7 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                     }
                     for c, _ in waiting
                 ],
-                ARTIFACT_KEY: {"calls": [_info(o, str(c["id"])) for c, o in waiting]},
+                **console,
             }
         )
 
@@ -215,8 +239,8 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         the console has decided all of them (re-run on each resume: nothing is proposed
         twice)."""
         last = next((m for m in reversed(state["messages"]) if isinstance(m, AIMessage)), None)
-        if last is None:
-            return None
+        if last is None or self.interrupt_mode == "per_call":
+            return None  # per_call: each call is proposed and paused on in wrap_tool_call
         calls = [c for c in last.tool_calls if c["name"] in self.interrupt_on]
         proposed = [(c, self._gate(c["name"], state, runtime).prepare(c)) for c in calls]
         open_calls = [(c, p.occurrence_id) for c, p in proposed if p.answer is None]
@@ -255,7 +279,8 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         while True:
             occurrence = self.console.get(prepared.occurrence_id)
             if occurrence.pending:
-                # Back in review (renewed after expiry, or edited after after_model read it).
+                # per_call, or back in review (renewed after expiry, edited after
+                # after_model read it).
                 self._pause([(call, occurrence)])
                 continue
             answer = gate.finish(prepared, occurrence)
