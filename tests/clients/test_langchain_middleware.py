@@ -201,6 +201,31 @@ def test_edit_runs_the_reviewers_arguments_and_tells_the_model(
     assert "changed the arguments" in shown(fake)[0].text
 
 
+def test_an_edited_console_executed_refund_is_told_to_the_model_as_it_ran(
+    live_server: Any, runtime: Any, reviewer: Any, second_reviewer: Any, payments: SandboxProcess
+):
+    """D2 through the middleware: the reviewer cut the refund to 5,000; the model hears what
+    changed and that this refund took effect."""
+    client = ConsoleWorker(live_server.url, runtime.raw_key, long_poll=True)
+    saver, crm = InMemorySaver(), CRM()
+    fake = model(calls(("issue_refund", "call_0", REFUND)), AIMessage("Refunded EUR 50.00."))
+    app = agent(client, saver, fake, crm, effect_timeout=20)
+    (occurrence_id,) = start(app, "Refund my parcel.")
+    edit(occurrence_id, reviewer, {**REFUND, "amount_minor": 5000})
+    approve(occurrence_id, second_reviewer)
+
+    result = app.invoke(HITL_RESUME, THREAD)
+    for worker in client.threads:
+        worker.join()
+    client.close()
+    (answer,) = tool_messages(result)
+    assert answer.status == "success" and "took effect" in answer.text
+    assert "amount_minor from 7700 to 5000" in answer.text
+    assert answer.response_metadata["approval_console"]["edited_by"] == "rita"
+    (refund,) = payments.refunds()
+    assert refund["amount_minor"] == 5000
+
+
 def test_reject_runs_nothing_and_the_model_sees_the_reason(console: ApprovalConsole, reviewer: Any):
     saver, crm = InMemorySaver(), CRM()
     # The model retries the rejected call under a new id, then gives up.
