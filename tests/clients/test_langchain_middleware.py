@@ -65,6 +65,7 @@ class CRM:
 
     def __init__(self) -> None:
         self.calls: list[tuple[dict[str, Any], str]] = []
+        self.notes: list[str] = []
         self.crash = False
 
     def tools(self) -> list[Any]:
@@ -81,7 +82,13 @@ class CRM:
             """Refund a payment (the console executes it)."""
             raise AssertionError("a console-executed tool never runs in the agent")
 
-        return [close_case, issue_refund]
+        @tool
+        def add_note(case_id: str, text: str) -> str:
+            """Add an internal note to a case (not gated)."""
+            self.notes.append(text)
+            return "noted"
+
+        return [close_case, issue_refund, add_note]
 
 
 def calls(*items: tuple[str, str, Mapping[str, Any]]) -> AIMessage:
@@ -294,6 +301,25 @@ def test_per_call_mode_pauses_once_per_call_and_runs_it_after_the_claim(
     assert crm.calls == [(CASE, command.idempotency_key)]
     (answer,) = tool_messages(result)
     assert answer.status == "success" and answer.text == "case_77 closed"
+
+
+def test_a_tool_not_in_interrupt_on_is_not_proposed(console: ApprovalConsole, reviewer: Any):
+    saver, crm = InMemorySaver(), CRM()
+    note = {"case_id": "case_77", "text": "Solved on the phone."}
+    fake = model(
+        calls(("add_note", "call_0", note), ("close_case", "call_1", CASE)),
+        AIMessage("Noted and closed."),
+    )
+    app = agent(console, saver, fake, crm)
+    (occurrence_id,) = start(app)  # only close_case reaches the inbox
+    approve(occurrence_id, reviewer)
+
+    result = app.invoke(HITL_RESUME, THREAD)
+    assert crm.notes == ["Solved on the phone."] and len(crm.calls) == 1
+    noted, closed = tool_messages(result)
+    assert noted.text == "noted" and "approval_console" not in noted.response_metadata
+    assert closed.text == "case_77 closed"
+    assert Occurrence.objects.count() == 1
 
 
 class ClaimCrashes(ApprovalConsole):
