@@ -45,9 +45,9 @@ The reviewer's decisions become the middleware's, in ``wrap_tool_call``:
 A process that dies after the approval (before the claim, after it, or in the tool) and is
 resumed from the checkpointer (``agent.invoke(None, config)``) runs the tool at most once:
 the claim and its recovery are :func:`approval_console.gate.run_decided`'s, as in the
-LangGraph adapter. ``respond`` has no counterpart in the console, and ``allowed_decisions``
-and ``when`` are not used: the tool's contract in the console says what a reviewer may do.
-Synchronous agents only (``invoke``, ``stream``).
+LangGraph adapter. ``respond`` has no counterpart in the console; ``when`` is refused and
+``allowed_decisions`` not used: the tool's contract in the console says what a reviewer may
+do. Synchronous agents only (``invoke``, ``stream``).
 """
 
 from __future__ import annotations
