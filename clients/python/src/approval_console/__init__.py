@@ -2,7 +2,8 @@
 
 ``ApprovalConsole`` (sync) and ``AsyncApprovalConsole`` (async) speak the v1 API;
 ``approval_console.langgraph`` and ``approval_console.openai_agents`` adapt it to LangGraph
-and the OpenAI Agents SDK (optional extras). The execution-id convention is in
+and the OpenAI Agents SDK, and ``approval_console.langchain`` backs LangChain's
+human-in-the-loop middleware with it (optional extras). The execution-id convention is in
 ``approval_console.execution``.
 """
 
