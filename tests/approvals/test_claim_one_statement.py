@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.claims import sql as claim_sql
 from approvals.claims.claim import approval_claim
-from approvals.models import AuditEvent, Command, Epoch, Occurrence
+from approvals.models import Approval, AuditEvent, Command, Epoch, Occurrence
 from tests.conftest import REFUND_ARGS, Runtime, approve
 
 pytestmark = [
@@ -62,7 +62,7 @@ def _written(occurrence_id: str) -> dict[str, Any]:
         "command_key_is_its_id": command.idempotency_key == f"cmd_{command.id.hex}",
         "event_names_the_command": event.command_id == command.id,
         "event_fingerprint_is_the_approvals": event.token_fingerprint
-        == command.approval.fingerprint,
+        == Approval.objects.get(pk=command.approval_id).fingerprint,
         "event": event_fields,
         "status": Occurrence.objects.get(pk=occurrence_id).status,
     }
