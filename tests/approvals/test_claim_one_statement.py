@@ -62,7 +62,7 @@ def _written(occurrence_id: str) -> dict[str, Any]:
         "command_key_is_its_id": command.idempotency_key == f"cmd_{command.id.hex}",
         "event_names_the_command": event.command_id == command.id,
         "event_fingerprint_is_the_approvals": event.token_fingerprint
-        == Approval.objects.get(pk=command.approval_id).fingerprint,
+        == Approval.objects.get(command=command).fingerprint,
         "event": event_fields,
         "status": Occurrence.objects.get(pk=occurrence_id).status,
     }
