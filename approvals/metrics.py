@@ -86,6 +86,13 @@ DISPATCH_LATENCY_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
     registry=REGISTRY,
 )
+REVIEW_DEADLINES = Counter(
+    "console_review_deadlines",
+    "Pending requests whose contract deadline passed, by what it did: escalated (the "
+    "review deadline) or timed_out (the final deadline; the request ended fail-closed).",
+    ["event"],
+    registry=REGISTRY,
+)
 
 REPEATED = "repeated"
 
@@ -104,6 +111,11 @@ def dispatch_started(command: Command, number: int, started_at: datetime) -> Non
     if number == 1:
         seconds = (started_at - command.created_at).total_seconds()
         DISPATCH_LATENCY_SECONDS.observe(max(seconds, 0.0))
+
+
+def review_deadline_passed(event: str) -> None:
+    """Count an escalation or a timeout once its transaction has committed."""
+    transaction.on_commit(lambda: REVIEW_DEADLINES.labels(event).inc(), robust=True)
 
 
 # --- the review decision, from its audit event -------------------------------------------

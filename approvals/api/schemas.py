@@ -126,7 +126,12 @@ class EpochOut(Schema):
 
 class OccurrenceOut(Schema):
     occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
-    status: str
+    status: str = Field(
+        ...,
+        description="pending_review, approved, rejected, auto_admitted, claimed, revoked, "
+        "expired, or timed_out (nobody decided before the final deadline: fail-closed, "
+        "not a rejection; propose again with a new client_ref to ask again).",
+    )
     tool: str
     run_id: str
     reason: str
@@ -135,6 +140,21 @@ class OccurrenceOut(Schema):
     rejection_reason: str
     admission_justification: str
     created_at: datetime
+    review_deadline_at: datetime | None = Field(
+        None,
+        description="When the request is escalated if nobody has decided it (the tool "
+        "contract's review deadline); null when the contract sets none.",
+    )
+    final_deadline_at: datetime | None = Field(
+        None,
+        description="When the request ends `timed_out` if nobody has decided it (the tool "
+        "contract's final deadline); null when the contract sets none.",
+    )
+    escalated_at: datetime | None = Field(
+        None,
+        description="When its review deadline passed with nobody deciding; null otherwise. "
+        "Still pending: a reviewer may decide it until the final deadline.",
+    )
     proposal: ProposalOut
     approval: ApprovalOut | None
     command: CommandOut | None = Field(

@@ -1,5 +1,5 @@
 """The callback outbox: every decision on a runtime's request (approved, rejected, expired,
-edited) becomes a ``CallbackDelivery`` row in the transaction that decided it, written by
+edited, timed out) becomes a ``CallbackDelivery`` row in the transaction that decided it, written by
 the deciding service; its task is published after commit."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def callback_delivery_create(event: AuditEvent) -> CallbackDelivery | None:
         "details": {
             k: v
             for k, v in (event.data or {}).items()
-            if k in ("reason", "version", "expires_at", "to_version")
+            if k in ("reason", "version", "expires_at", "to_version", "final_deadline_at")
         },
     }
     delivery = CallbackDelivery.objects.create(

@@ -22,6 +22,7 @@ from approvals.models import (
     Occurrence,
     Proposal,
 )
+from approvals.reviews.deadlines import require_before_final_deadline
 from approvals.vocabulary import (
     AuditKind,
     EventDecision,
@@ -59,6 +60,7 @@ def lock_approvals_then_occurrence(occurrence: Occurrence) -> Occurrence:
 
 
 def _require_pending(occurrence: Occurrence) -> None:
+    require_before_final_deadline(occurrence, db_now())
     if occurrence.status != Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
             ErrorCode.NOT_PENDING,

@@ -34,6 +34,12 @@ def _renew_refusal(occurrence: Occurrence, approval: Approval | None, now: datet
             f"A reviewer rejected this request: {occurrence.rejection_reason}",
             details={**details, **rejection_details(occurrence)},
         )
+    if status == Occurrence.Status.TIMED_OUT:
+        raise ServiceError(
+            ErrorCode.TIMED_OUT,
+            "Nobody decided this request before its final deadline; propose it again.",
+            details=details,
+        )
     if status == Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
             ErrorCode.PENDING_REVIEW, "This request is already waiting for review.", details=details
