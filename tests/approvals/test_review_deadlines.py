@@ -4,6 +4,8 @@ a contract without deadlines behaves as before."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -296,3 +298,38 @@ def test_a_registered_callback_is_told_timed_out(
     assert delivery.body["status"] == "timed_out"
     assert delivery.body["decided_by"] == "console"
     assert delivery.body["details"]["final_deadline_at"]
+
+
+# --- the long-poll --------------------------------------------------------------------------
+
+
+def _time_out_in_another_connection(occurrence_id: str) -> None:
+    from django.db import connection as thread_connection
+
+    try:
+        pass_final_deadline(occurrence_id)
+        assert review_deadlines_apply() == (1, 1)
+    finally:
+        thread_connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_long_poll_wakes_and_answers_timed_out(
+    runtime: Runtime, deadlines: ToolContract, settings: Any
+) -> None:
+    settings.LONG_POLL_FALLBACK_SECONDS = 0.05
+    occurrence_id = proposed(runtime)
+    etag = runtime.get(f"/api/v1/occurrences/{occurrence_id}")["ETag"]
+    timer = threading.Timer(0.5, _time_out_in_another_connection, args=(occurrence_id,))
+    timer.start()
+    try:
+        started = time.monotonic()
+        answer = runtime.get(
+            f"/api/v1/occurrences/{occurrence_id}?wait=30", HTTP_IF_NONE_MATCH=etag
+        )
+    finally:
+        timer.join()
+    assert time.monotonic() - started < 10
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "timed_out"
+    assert answer.json()["escalated_at"] is not None

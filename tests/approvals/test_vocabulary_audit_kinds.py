@@ -49,6 +49,8 @@ STORED = {
     "occurrence.auto_admitted",
     "occurrence.rejected",
     "occurrence.renewed",
+    "occurrence.escalated",
+    "occurrence.timed_out",
     "proposal.edited",
     "approval.vote_recorded",
     "approval.issued",
@@ -296,6 +298,8 @@ STORED_EVENT_DECISIONS = {
     "refused",
     "delivered",
     "failed",
+    "escalated",
+    "timed_out",
 }
 STORED_EVENT_REASONS = {
     "rejected_by_reviewer",
@@ -304,6 +308,8 @@ STORED_EVENT_REASONS = {
     "approval_expired",
     "approval_superseded",
     "expired_unclaimed",
+    "review_deadline_passed",
+    "final_deadline_passed",
     "refusals_burst",
     "other_execution",
     "attempts_exhausted",
