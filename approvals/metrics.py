@@ -38,7 +38,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from approvals.models import AuditEvent, Command, Occurrence
-from approvals.vocabulary import DECISION_WORDS, EFFECT_NOT_SENT, REVIEW_DECISION_KINDS
+from approvals.vocabulary import (
+    DECISION_WORDS,
+    EFFECT_NOT_SENT,
+    REVIEW_DECISION_KINDS,
+    AuditKind,
+    EventDecision,
+)
 
 if TYPE_CHECKING:
     from approvals.claims.claim import ClaimResult
@@ -113,14 +119,14 @@ def dispatch_started(command: Command, number: int, started_at: datetime) -> Non
         DISPATCH_LATENCY_SECONDS.observe(max(seconds, 0.0))
 
 
-def review_deadline_passed(event: str) -> None:
-    """Count an escalation or a timeout once its transaction has committed."""
-    transaction.on_commit(lambda: REVIEW_DEADLINES.labels(event).inc(), robust=True)
-
-
 # --- the review decision, from its audit event -------------------------------------------
 
 _DECISIONS: dict[str, str] = {kind: DECISION_WORDS[kind] for kind in REVIEW_DECISION_KINDS}
+# A pending request's deadlines (``approvals.reviews.deadlines``), counted as they commit.
+_DEADLINE_EVENTS: dict[str, str] = {
+    AuditKind.OCCURRENCE_ESCALATED: EventDecision.ESCALATED,
+    AuditKind.OCCURRENCE_TIMED_OUT: EventDecision.TIMED_OUT,
+}
 
 
 def _observe_decision(occurrence_id: Any, decision: str) -> None:
@@ -139,6 +145,10 @@ def _observe_decision(occurrence_id: Any, decision: str) -> None:
 def _audit_event_saved(
     sender: type[AuditEvent], instance: AuditEvent, created: bool, **kwargs: Any
 ) -> None:
+    deadline = _DEADLINE_EVENTS.get(instance.kind)
+    if deadline is not None and created and not kwargs.get("raw"):
+        transaction.on_commit(functools.partial(REVIEW_DEADLINES.labels(deadline).inc), robust=True)
+        return
     decision = _DECISIONS.get(instance.kind)
     if decision is None or not created or kwargs.get("raw") or instance.occurrence_id is None:
         return

@@ -8,7 +8,8 @@ reviewable. Past the final deadline it ends ``timed_out``: a decision of its own
 ``occurrence.timed_out`` by the actor ``console``, told to the runtime's callback
 (``timed_out``), fail-closed: the review services refuse to decide it
 (``ErrorCode.TIMED_OUT``) from the instant the deadline passes, before the sweep writes
-it down, so a request whose final deadline passed is never approved.
+it down, so a request whose final deadline passed is never approved. ``approvals.metrics``
+counts both from their audit events (``console_review_deadlines``).
 
 The sweep (Celery beat, ``approvals.tasks.review_deadlines_sweep``) writes down what the
 clock decided, in bounded batches; each change is a conditional UPDATE on the status, so a
@@ -24,7 +25,6 @@ from datetime import datetime
 
 from django.db import transaction
 
-from approvals import metrics
 from approvals.audit.record import DbNow, audit_record
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.errors import ErrorCode, ServiceError
@@ -63,7 +63,11 @@ def require_before_final_deadline(occurrence: Occurrence, now: datetime) -> None
         )
 
 
-def occurrence_escalate(occurrence_id: uuid.UUID) -> bool:
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def occurrence_escalate(occurrence_id: uuid.UUID | str) -> bool:
     """Mark a pending request whose review deadline passed as escalated, once. Returns
     whether this call did (False: not due, already escalated, or decided meanwhile)."""
     with transaction.atomic():
@@ -81,21 +85,20 @@ def occurrence_escalate(occurrence_id: uuid.UUID) -> bool:
         audit_record(
             kind=AuditKind.OCCURRENCE_ESCALATED,
             tenant=occ["tenant_id"],
-            occurrence=occurrence_id,
+            occurrence=uuid.UUID(str(occurrence_id)),
             actor=ACTOR,
             decision=EventDecision.ESCALATED,
             reason_code=EventReason.REVIEW_DEADLINE_PASSED,
             data={
                 "deadline": "review",
-                "review_deadline_at": occ["review_deadline_at"].isoformat(),
-                "escalated_at": occ["escalated_at"].isoformat(),
+                "review_deadline_at": _iso(occ["review_deadline_at"]),
+                "escalated_at": _iso(occ["escalated_at"]),
             },
         )
-        metrics.review_deadline_passed(EventDecision.ESCALATED)
     return True
 
 
-def occurrence_time_out(occurrence_id: uuid.UUID) -> bool:
+def occurrence_time_out(occurrence_id: uuid.UUID | str) -> bool:
     """End a pending request whose final deadline passed as ``timed_out``, once. Returns
     whether this call did. The UPDATE is conditional on the status: a reviewer's decision
     holding the row waits this out or makes it change nothing (exactly one wins)."""
@@ -114,18 +117,17 @@ def occurrence_time_out(occurrence_id: uuid.UUID) -> bool:
             audit_record(
                 kind=AuditKind.OCCURRENCE_TIMED_OUT,
                 tenant=occ["tenant_id"],
-                occurrence=occurrence_id,
+                occurrence=uuid.UUID(str(occurrence_id)),
                 actor=ACTOR,
                 decision=EventDecision.TIMED_OUT,
                 reason_code=EventReason.FINAL_DEADLINE_PASSED,
                 data={
                     "deadline": "final",
-                    "final_deadline_at": occ["final_deadline_at"].isoformat(),
-                    "timed_out_at": occ["decided_at"].isoformat(),
+                    "final_deadline_at": _iso(occ["final_deadline_at"]),
+                    "timed_out_at": _iso(occ["decided_at"]),
                 },
             )
         )
-        metrics.review_deadline_passed(EventDecision.TIMED_OUT)
     return True
 
 

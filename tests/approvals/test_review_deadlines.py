@@ -177,6 +177,7 @@ def test_past_the_final_deadline_a_request_times_out_recorded_and_audited(
         "final_deadline_passed",
     )
     assert event.data["deadline"] == "final"
+    assert occurrence.final_deadline_at is not None
     assert event.data["final_deadline_at"] == occurrence.final_deadline_at.isoformat()
 
     body = runtime.get(f"/api/v1/occurrences/{occurrence_id}").json()
