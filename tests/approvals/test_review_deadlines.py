@@ -16,9 +16,10 @@ from django.utils import timezone
 
 from approvals import metrics
 from approvals.errors import ErrorCode, ServiceError
-from approvals.models import AuditEvent, CallbackDelivery, Occurrence, ToolContract
+from approvals.models import Approval, AuditEvent, CallbackDelivery, Occurrence, ToolContract
 from approvals.reviews.deadlines import review_deadlines_apply
-from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
+from approvals.reviews.renewal import occurrence_renew
 from approvals.tasks import review_deadlines_sweep
 from tests.conftest import Runtime, approve
 
@@ -334,3 +335,56 @@ def test_a_waiting_long_poll_wakes_and_answers_timed_out(
     assert answer.status_code == 200
     assert answer.json()["status"] == "timed_out"
     assert answer.json()["escalated_at"] is not None
+
+
+# --- back in review: the deadlines run again ----------------------------------------------------
+
+
+def test_a_renewal_or_an_edit_after_approval_restarts_the_deadlines(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any, deadlines: ToolContract
+) -> None:
+    renewed = proposed(runtime)
+    edited = proposed(runtime, "r2")
+    for occurrence_id in (renewed, edited):
+        assert approve(occurrence_id, reviewer).issued
+        pass_final_deadline(occurrence_id)
+        Occurrence.objects.filter(pk=occurrence_id).update(escalated_at=timezone.now())
+    past = timezone.now() - timedelta(minutes=1)
+    Approval.objects.filter(occurrence_id=renewed).update(
+        issued_at=past - timedelta(minutes=15), expires_at=past
+    )
+
+    occurrence_renew(occurrence=Occurrence.objects.get(pk=renewed), actor="runtime:agent")
+    current = Occurrence.objects.get(pk=edited).proposals.get(is_current=True)
+    proposal_edit(
+        occurrence=Occurrence.objects.get(pk=edited),
+        editor=second_reviewer,
+        arguments={**current.arguments, "amount_minor": 7000},
+        seen_digest=current.action_digest,
+    )
+
+    for occurrence_id in (renewed, edited):
+        occurrence = Occurrence.objects.get(pk=occurrence_id)
+        assert occurrence.status == Occurrence.Status.PENDING_REVIEW
+        assert occurrence.escalated_at is None
+        assert occurrence.final_deadline_at is not None
+        assert occurrence.final_deadline_at > timezone.now() + timedelta(hours=1)
+    assert review_deadlines_apply() == (0, 0)
+    assert approve(renewed, reviewer).issued
+    assert approve(edited, reviewer).issued
+
+
+def test_an_edit_of_a_pending_request_keeps_its_deadlines_and_is_refused_after_the_final_one(
+    runtime: Runtime, reviewer: Any, deadlines: ToolContract
+) -> None:
+    occurrence_id = proposed(runtime)
+    pass_final_deadline(occurrence_id)
+    current = Occurrence.objects.get(pk=occurrence_id).proposals.get(is_current=True)
+    with pytest.raises(ServiceError) as raised:
+        proposal_edit(
+            occurrence=Occurrence.objects.get(pk=occurrence_id),
+            editor=reviewer,
+            arguments={**current.arguments, "amount_minor": 7000},
+            seen_digest=current.action_digest,
+        )
+    assert raised.value.code == ErrorCode.TIMED_OUT
