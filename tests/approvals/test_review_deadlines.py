@@ -388,3 +388,47 @@ def test_an_edit_of_a_pending_request_keeps_its_deadlines_and_is_refused_after_t
             seen_digest=current.action_digest,
         )
     assert raised.value.code == ErrorCode.TIMED_OUT
+
+
+# --- the pages --------------------------------------------------------------------------------
+
+
+def test_the_pages_show_escalated_then_timed_out_and_refuse_a_late_approval(
+    runtime: Runtime, reviewer: Any, deadlines: ToolContract
+) -> None:
+    from tests.approvals.test_views_html import parse, signed_in
+
+    occurrence_id = proposed(runtime)
+    Occurrence.objects.filter(pk=occurrence_id).update(
+        created_at=timezone.now() - timedelta(minutes=35)
+    )
+    pass_review_deadline(occurrence_id)
+    review_deadlines_apply()
+    client = signed_in(reviewer)
+
+    inbox = client.get("/reviews/").content.decode()
+    assert "Escalated: waiting 35 min" in inbox
+    page = parse(client.get(f"/reviews/{occurrence_id}/"))
+    assert "Escalated: waiting 35 min" in page.text("escalated")
+    assert page.has("approve-form")
+    digest = Occurrence.objects.get(pk=occurrence_id).proposals.get().action_digest
+
+    pass_final_deadline(occurrence_id)  # the sweep has not run: the clock decided already
+    response = client.post(
+        f"/reviews/{occurrence_id}/approve",
+        {"action_digest": digest},
+        headers={"HX-Request": "true"},
+    )
+    page = parse(response)
+    assert page.attr("decision-panel", "data-state") == "timed_out"
+    assert "final deadline" in page.text("decision-message")
+    assert not page.has("approve-form") and not page.has("reject-form")
+    assert not Approval.objects.filter(occurrence_id=occurrence_id).exists()
+
+    review_deadlines_apply()
+    page = parse(client.get(f"/reviews/{occurrence_id}/"))
+    assert page.attr("decision-panel", "data-state") == "timed_out"
+    assert "Timed out" in page.text("timed-out")
+    assert page.attr("decision-panel", "hx-get") is None  # final: no more polling
+    filtered = client.get("/reviews/?state=timed_out").content.decode()
+    assert occurrence_id in filtered
