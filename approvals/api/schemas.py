@@ -78,7 +78,11 @@ class PriorDecisionOut(Schema):
     decision: PriorDecision
     reason: str
     decided_at: datetime | None
-    decided_by: str = Field(..., description="The reviewer, or `policy` (a repeat rejected).")
+    decided_by: str = Field(
+        ...,
+        description="The reviewer, `policy` (a repeat rejected), or `console` (timed out: "
+        "nobody decided before the contract's final deadline).",
+    )
 
 
 class ProposeOut(Schema):
@@ -91,8 +95,8 @@ class ProposeOut(Schema):
     prior_decisions: list[PriorDecisionOut] = Field(
         ...,
         description="Earlier occurrences of the same run with the same action (digest) that "
-        "were rejected, with their reasons, newest first: a model retrying a rejected call "
-        "should be told, not proposed again.",
+        "were rejected (or timed out: `decision` says which), with their reasons, newest "
+        "first: a model retrying a rejected call should be told, not proposed again.",
     )
 
 

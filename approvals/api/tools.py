@@ -100,8 +100,8 @@ class CanonicalOut(Schema):
     approvals_needed: int = Field(..., description="Distinct approvers this call would need.")
     prior_decisions: list[PriorDecisionOut] = Field(
         default_factory=list,
-        description="With `run_id`: the run's rejected occurrences of this action, newest "
-        "first (as a proposal's answer lists them). Empty without `run_id`.",
+        description="With `run_id`: the run's rejected (and timed-out) occurrences of this "
+        "action, newest first (as a proposal's answer lists them). Empty without `run_id`.",
     )
 
 
