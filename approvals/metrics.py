@@ -127,6 +127,9 @@ _DEADLINE_EVENTS: dict[str, str] = {
     AuditKind.OCCURRENCE_ESCALATED: EventDecision.ESCALATED,
     AuditKind.OCCURRENCE_TIMED_OUT: EventDecision.TIMED_OUT,
 }
+# Both series exist from the start (at 0), so a rate over them is defined before the first.
+for _event in _DEADLINE_EVENTS.values():
+    REVIEW_DEADLINES.labels(_event)
 
 
 def _observe_decision(occurrence_id: Any, decision: str) -> None:

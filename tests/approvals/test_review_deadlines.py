@@ -161,6 +161,9 @@ def test_past_the_final_deadline_a_request_times_out_recorded_and_audited(
     assert review_deadlines_apply() == (0, 0)
 
     assert sample("console_review_deadlines", "timed_out") == before + 1
+    exposed, _ = metrics.exposition()
+    assert b'console_review_deadlines_total{event="timed_out"}' in exposed
+    assert b'console_review_deadlines_total{event="escalated"}' in exposed
     occurrence = Occurrence.objects.get(pk=occurrence_id)
     assert occurrence.status == Occurrence.Status.TIMED_OUT
     assert occurrence.decided_at is not None
