@@ -95,7 +95,15 @@ class ReviewerTokenAdmin(admin.ModelAdmin):
 
 @admin.register(ToolContract)
 class ToolContractAdmin(admin.ModelAdmin):
-    list_display = ["name", "replay_safety", "risk", "auto_admit", "approvals_required"]
+    list_display = [
+        "name",
+        "replay_safety",
+        "risk",
+        "auto_admit",
+        "approvals_required",
+        "review_deadline",
+        "final_deadline",
+    ]
     list_filter = ["replay_safety", "risk"]
 
 

@@ -35,6 +35,8 @@ class ErrorCode(StrEnum):
     SELF_APPROVAL = "self_approval"
     STALE_DIGEST = "stale_digest"
     NOT_EDITABLE = "not_editable"
+    # Nobody decided before the contract's final deadline: nothing can approve it now.
+    TIMED_OUT = "timed_out"
     # An approval, its token and its renewal.
     NOT_APPROVED = "not_approved"
     AUTO_ADMITTED = "auto_admitted"

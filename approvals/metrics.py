@@ -38,7 +38,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from approvals.models import AuditEvent, Command, Occurrence
-from approvals.vocabulary import DECISION_WORDS, EFFECT_NOT_SENT, REVIEW_DECISION_KINDS
+from approvals.vocabulary import (
+    DECISION_WORDS,
+    EFFECT_NOT_SENT,
+    REVIEW_DECISION_KINDS,
+    AuditKind,
+    EventDecision,
+)
 
 if TYPE_CHECKING:
     from approvals.claims.claim import ClaimResult
@@ -86,6 +92,13 @@ DISPATCH_LATENCY_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
     registry=REGISTRY,
 )
+REVIEW_DEADLINES = Counter(
+    "console_review_deadlines",
+    "Pending requests whose contract deadline passed, by what it did: escalated (the "
+    "review deadline) or timed_out (the final deadline; the request ended fail-closed).",
+    ["event"],
+    registry=REGISTRY,
+)
 
 REPEATED = "repeated"
 
@@ -109,6 +122,14 @@ def dispatch_started(command: Command, number: int, started_at: datetime) -> Non
 # --- the review decision, from its audit event -------------------------------------------
 
 _DECISIONS: dict[str, str] = {kind: DECISION_WORDS[kind] for kind in REVIEW_DECISION_KINDS}
+# A pending request's deadlines (``approvals.reviews.deadlines``), counted as they commit.
+_DEADLINE_EVENTS: dict[str, str] = {
+    AuditKind.OCCURRENCE_ESCALATED: EventDecision.ESCALATED,
+    AuditKind.OCCURRENCE_TIMED_OUT: EventDecision.TIMED_OUT,
+}
+# Both series exist from the start (at 0), so a rate over them is defined before the first.
+for _event in _DEADLINE_EVENTS.values():
+    REVIEW_DEADLINES.labels(_event)
 
 
 def _observe_decision(occurrence_id: Any, decision: str) -> None:
@@ -127,6 +148,10 @@ def _observe_decision(occurrence_id: Any, decision: str) -> None:
 def _audit_event_saved(
     sender: type[AuditEvent], instance: AuditEvent, created: bool, **kwargs: Any
 ) -> None:
+    deadline = _DEADLINE_EVENTS.get(instance.kind)
+    if deadline is not None and created and not kwargs.get("raw"):
+        transaction.on_commit(functools.partial(REVIEW_DEADLINES.labels(deadline).inc), robust=True)
+        return
     decision = _DECISIONS.get(instance.kind)
     if decision is None or not created or kwargs.get("raw") or instance.occurrence_id is None:
         return

@@ -8,7 +8,7 @@ from celery import shared_task
 from django.db import DatabaseError
 
 from approvals.audit.chain import audit_chain_extend, audit_tenants_unchained
-from approvals.reviews import expiry
+from approvals.reviews import deadlines, expiry
 
 log = structlog.get_logger("approvals")
 
@@ -47,3 +47,23 @@ def approvals_expire() -> int:
         if batch < expiry.EXPIRE_BATCH:
             break
     return expired
+
+
+# Batches one run of the deadlines sweep takes at most; the next run takes the rest.
+DEADLINES_BATCHES_PER_RUN = 20
+
+
+@shared_task(ignore_result=True)
+def review_deadlines_sweep() -> int:
+    """Write down what the clock decided for pending requests (Celery beat, every few
+    seconds): past the contract's review deadline a request is escalated, past its final
+    deadline it ends ``timed_out`` (audited, told to the runtime's callback). Approve and
+    reject refuse from the instant the final deadline passes, so a late sweep only delays
+    the record, never lets an approval through. Returns how many requests it changed."""
+    changed = 0
+    for _ in range(DEADLINES_BATCHES_PER_RUN):
+        escalated, timed_out = deadlines.review_deadlines_apply()
+        changed += escalated + timed_out
+        if escalated < deadlines.DEADLINES_BATCH and timed_out < deadlines.DEADLINES_BATCH:
+            break
+    return changed

@@ -94,11 +94,15 @@ class EventDecision(models.TextChoices):
     TAKEN = "taken", "Taken"
     TAKEN_OVER = "taken_over", "Taken over"
     RELEASED = "released", "Let go"
+    # A request's deadlines (``approvals.reviews.deadlines``): escalated, then timed out.
+    ESCALATED = "escalated", "Escalated"
+    TIMED_OUT = "timed_out", "Timed out"
 
 
-# A prior decision on the same action in the run (an answer's ``prior_decisions``): only
-# rejections are listed, ``EventDecision.REJECTED`` as the API's schemas spell it.
-PriorDecision = Literal["rejected"]
+# A prior decision on the same action in the run (an answer's ``prior_decisions``):
+# rejections and timeouts (nobody decided before the final deadline), as
+# ``EventDecision.REJECTED``/``TIMED_OUT`` are spelt.
+PriorDecision = Literal["rejected", "timed_out"]
 
 
 class ReviewOutcome(models.TextChoices):
@@ -125,6 +129,9 @@ class EventReason(models.TextChoices):
     APPROVAL_EXPIRED = "approval_expired", "Its approval expired"
     APPROVAL_SUPERSEDED = "approval_superseded", "An edit superseded its approval"
     EXPIRED_UNCLAIMED = "expired_unclaimed", "Expired unclaimed"
+    # A pending request's deadlines (the contract's review and final deadlines).
+    REVIEW_DEADLINE_PASSED = "review_deadline_passed", "The review deadline passed"
+    FINAL_DEADLINE_PASSED = "final_deadline_passed", "The final deadline passed"
     REFUSALS_BURST = "refusals_burst", "A burst of refused claims"
     OTHER_EXECUTION = "other_execution", "Another execution holds the command"
     # Why an effect was settled without a receipt.
@@ -187,6 +194,9 @@ class AuditKind(models.TextChoices):
     OCCURRENCE_AUTO_ADMITTED = "occurrence.auto_admitted", "Admitted by policy"
     OCCURRENCE_REJECTED = "occurrence.rejected", "Rejected"
     OCCURRENCE_RENEWED = "occurrence.renewed", "Renewed after expiry"
+    # Nobody decided by the contract's review deadline, then by its final deadline.
+    OCCURRENCE_ESCALATED = "occurrence.escalated", "Escalated"
+    OCCURRENCE_TIMED_OUT = "occurrence.timed_out", "Timed out"
     PROPOSAL_EDITED = "proposal.edited", "Proposal edited"
     APPROVAL_VOTE_RECORDED = "approval.vote_recorded", "Approval vote recorded"
     APPROVAL_ISSUED = "approval.issued", "Approved"
@@ -322,6 +332,7 @@ class PanelState(models.TextChoices):
     REVOKED = "revoked", "Revoked"
     EXPIRED = "expired", "Expired"
     AUTO_ADMITTED = "auto_admitted", "Auto-admitted"
+    TIMED_OUT = "timed_out", "Timed out"
 
 
 class QueueReason(models.TextChoices):
@@ -361,6 +372,7 @@ DECISION_WORDS: dict[str, str] = {
     # An operator admitted a new attempt at a command the runtime executes (told only then:
     # a runtime that asked for its own epoch knows).
     AuditKind.EPOCH_ADMITTED: "attempt_admitted",
+    AuditKind.OCCURRENCE_TIMED_OUT: "timed_out",
 }
 # A reviewer's decisions: the ones the review-time metric observes.
 REVIEW_DECISION_KINDS = (AuditKind.APPROVAL_ISSUED, AuditKind.OCCURRENCE_REJECTED)

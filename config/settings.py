@@ -327,6 +327,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "approvals.tasks.approvals_expire",
         "schedule": env_float("APPROVAL_EXPIRY_SWEEP_SECONDS", 60.0, minimum=0.1),
     },
+    "review-deadlines": {
+        "task": "approvals.tasks.review_deadlines_sweep",
+        "schedule": env_float("REVIEW_DEADLINES_SWEEP_SECONDS", 10.0, minimum=0.1),
+    },
     "escalate-what-nobody-took": {
         "task": "reconciliation.tasks.operations_escalate",
         "schedule": 60.0,

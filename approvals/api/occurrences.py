@@ -85,6 +85,7 @@ def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
             run_id=occurrence.run_id,
             action_digest=proposed.action_digest,
             exclude=occurrence.pk,
+            with_timeouts=True,
         )
     ]
 
@@ -169,6 +170,9 @@ def _occurrence_out(occurrence: Occurrence) -> dict[str, Any]:
         "rejection_reason": occurrence.rejection_reason,
         "admission_justification": occurrence.admission_justification,
         "created_at": occurrence.created_at,
+        "review_deadline_at": occurrence.review_deadline_at,
+        "final_deadline_at": occurrence.final_deadline_at,
+        "escalated_at": occurrence.escalated_at,
         "proposal": _proposal_out(occurrence),
         "approval": None
         if approval is None

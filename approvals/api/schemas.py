@@ -78,7 +78,11 @@ class PriorDecisionOut(Schema):
     decision: PriorDecision
     reason: str
     decided_at: datetime | None
-    decided_by: str = Field(..., description="The reviewer, or `policy` (a repeat rejected).")
+    decided_by: str = Field(
+        ...,
+        description="The reviewer, `policy` (a repeat rejected), or `console` (timed out: "
+        "nobody decided before the contract's final deadline).",
+    )
 
 
 class ProposeOut(Schema):
@@ -91,8 +95,8 @@ class ProposeOut(Schema):
     prior_decisions: list[PriorDecisionOut] = Field(
         ...,
         description="Earlier occurrences of the same run with the same action (digest) that "
-        "were rejected, with their reasons, newest first: a model retrying a rejected call "
-        "should be told, not proposed again.",
+        "were rejected (or timed out: `decision` says which), with their reasons, newest "
+        "first: a model retrying a rejected call should be told, not proposed again.",
     )
 
 
@@ -126,7 +130,12 @@ class EpochOut(Schema):
 
 class OccurrenceOut(Schema):
     occurrence_id: str = Field(..., json_schema_extra=openapi.UUID)
-    status: str
+    status: str = Field(
+        ...,
+        description="pending_review, approved, rejected, auto_admitted, claimed, revoked, "
+        "expired, or timed_out (nobody decided before the final deadline: fail-closed, "
+        "not a rejection; propose again with a new client_ref to ask again).",
+    )
     tool: str
     run_id: str
     reason: str
@@ -135,6 +144,21 @@ class OccurrenceOut(Schema):
     rejection_reason: str
     admission_justification: str
     created_at: datetime
+    review_deadline_at: datetime | None = Field(
+        None,
+        description="When the request is escalated if nobody has decided it (the tool "
+        "contract's review deadline); null when the contract sets none.",
+    )
+    final_deadline_at: datetime | None = Field(
+        None,
+        description="When the request ends `timed_out` if nobody has decided it (the tool "
+        "contract's final deadline); null when the contract sets none.",
+    )
+    escalated_at: datetime | None = Field(
+        None,
+        description="When its review deadline passed with nobody deciding; null otherwise. "
+        "Still pending: a reviewer may decide it until the final deadline.",
+    )
     proposal: ProposalOut
     approval: ApprovalOut | None
     command: CommandOut | None = Field(

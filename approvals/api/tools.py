@@ -4,6 +4,7 @@ console would make of an action before it is proposed."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any, Literal
 
 from django.http import (
@@ -69,6 +70,16 @@ class ToolOut(Schema):
     approval_lifetime_seconds: int = Field(
         ..., description="How long an approval may be claimed after it is issued."
     )
+    review_deadline_seconds: int | None = Field(
+        None,
+        description="A request nobody decided within this many seconds of its proposal is "
+        "escalated (`escalated_at` on the occurrence); null: never.",
+    )
+    final_deadline_seconds: int | None = Field(
+        None,
+        description="A request nobody decided within this many seconds of its proposal ends "
+        "`timed_out` (fail-closed: never approved); null: it waits until someone decides.",
+    )
     reject_repeats: bool = Field(
         ...,
         description="A proposal repeating an action rejected earlier in its run is rejected "
@@ -89,9 +100,13 @@ class CanonicalOut(Schema):
     approvals_needed: int = Field(..., description="Distinct approvers this call would need.")
     prior_decisions: list[PriorDecisionOut] = Field(
         default_factory=list,
-        description="With `run_id`: the run's rejected occurrences of this action, newest "
-        "first (as a proposal's answer lists them). Empty without `run_id`.",
+        description="With `run_id`: the run's rejected (and timed-out) occurrences of this "
+        "action, newest first (as a proposal's answer lists them). Empty without `run_id`.",
     )
+
+
+def _seconds(value: timedelta | None) -> int | None:
+    return None if value is None else int(value.total_seconds())
 
 
 def _tool_out(contract: ToolContract) -> dict[str, Any]:
@@ -104,6 +119,8 @@ def _tool_out(contract: ToolContract) -> dict[str, Any]:
         "executed_by": contract.executed_by,
         "auto_admit": contract.auto_admit,
         "approval_lifetime_seconds": int(contract.approval_lifetime.total_seconds()),
+        "review_deadline_seconds": _seconds(contract.review_deadline),
+        "final_deadline_seconds": _seconds(contract.final_deadline),
         "reject_repeats": contract.reject_repeats,
         "approvals_needed": {
             "rule": quorum_rule(contract),
@@ -164,6 +181,7 @@ def canonicalize_action(request: HttpRequest, payload: CanonicalizeIn) -> dict[s
                 tenant=runtime_key_of(request).tenant,
                 run_id=payload.run_id,
                 action_digest=action.digest,
+                with_timeouts=True,
             )
         ]
     return {

@@ -1,7 +1,8 @@
 """The callback outbox: every decision on a runtime's request (approved, rejected, expired,
-edited, and an operator's admission of another attempt at a command the runtime executes:
-``attempt_admitted``) becomes a ``CallbackDelivery`` row in the transaction that decided
-it, written by the deciding service; its task is published after commit."""
+edited, timed out, and an operator's admission of another attempt at a command the
+runtime executes: ``attempt_admitted``) becomes a ``CallbackDelivery`` row in the
+transaction that decided it, written by the deciding service; its task is published after
+commit."""
 
 from __future__ import annotations
 
@@ -47,7 +48,16 @@ def callback_delivery_create(event: AuditEvent) -> CallbackDelivery | None:
     details = {
         k: v
         for k, v in (event.data or {}).items()
-        if k in ("reason", "version", "expires_at", "to_version", "epoch", "justification")
+        if k
+        in (
+            "reason",
+            "version",
+            "expires_at",
+            "to_version",
+            "epoch",
+            "justification",
+            "final_deadline_at",
+        )
     }
     if event.execution_id:
         # An admitted attempt's: the execution it runs under (``attempt_admitted``).

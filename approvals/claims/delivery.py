@@ -79,6 +79,12 @@ def approval_deliver_token(
             raise ServiceError(
                 ErrorCode.AUTO_ADMITTED, "This call was admitted by policy; it needs no token."
             )
+        if occurrence.status == Occurrence.Status.TIMED_OUT:
+            raise ServiceError(
+                ErrorCode.TIMED_OUT,
+                "Nobody decided this request before its final deadline: it timed out and "
+                "will never be approved. Propose the action again to ask again.",
+            )
         raise ServiceError(ErrorCode.NOT_APPROVED, "This request has not been approved yet.")
 
     raw = tokens.mint(tokens.APPROVAL_TOKEN_PREFIX)

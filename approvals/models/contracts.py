@@ -87,6 +87,21 @@ class ToolContract(models.Model):
         help_text="Arguments that say which action this is, shown where operators list "
         'calls: ["payment_id"]. Empty: every argument named *_id, and recipient, to, case.',
     )
+    # Deadlines of a pending request, from its proposal: past the review deadline it is
+    # escalated (marked, still reviewable); past the final deadline it ends ``timed_out``,
+    # fail-closed. Empty: it waits until someone decides (as before deadlines existed).
+    review_deadline = models.DurationField(
+        null=True,
+        blank=True,
+        help_text="Escalate a request nobody decided within this time (e.g. 0:30:00). "
+        "Empty: never escalated.",
+    )
+    final_deadline = models.DurationField(
+        null=True,
+        blank=True,
+        help_text="End a request nobody decided within this time as timed out (fail-closed: "
+        "nothing can approve it afterwards). Longer than the review deadline. Empty: never.",
+    )
     reject_repeats = models.BooleanField(
         default=False,
         help_text="Reject, without a review, a proposal repeating an action a reviewer "
@@ -106,6 +121,21 @@ class ToolContract(models.Model):
                 condition=Q(approval_lifetime__gt=timedelta(0)),
                 name="contract_approval_lifetime_positive",
             ),
+            models.CheckConstraint(
+                condition=Q(review_deadline__isnull=True) | Q(review_deadline__gt=timedelta(0)),
+                name="contract_review_deadline_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(final_deadline__isnull=True)
+                | (
+                    Q(final_deadline__gt=timedelta(0))
+                    & (
+                        Q(review_deadline__isnull=True)
+                        | Q(final_deadline__gt=models.F("review_deadline"))
+                    )
+                ),
+                name="contract_final_deadline_after_review",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -119,6 +149,7 @@ class ToolContract(models.Model):
             raise ValidationError({"json_schema": errors})
         if self.auto_admit and self.replay_safety != self.ReplaySafety.READ_ONLY:
             raise ValidationError({"auto_admit": "Only read-only tools may be auto-admitted."})
+        self._clean_deadlines()
         properties = self.json_schema.get("properties", {})
         names = self.identifying_arguments
         if not isinstance(names, list) or any(n not in properties for n in names):
@@ -141,6 +172,17 @@ class ToolContract(models.Model):
         elif bool(self.quorum_amount_argument) != (self.quorum_threshold_minor is not None):
             raise ValidationError(
                 {"quorum_threshold_minor": "Set the amount argument and the threshold together."}
+            )
+
+    def _clean_deadlines(self) -> None:
+        for field in ("review_deadline", "final_deadline"):
+            value = getattr(self, field)
+            if value is not None and value <= timedelta(0):
+                raise ValidationError({field: "A deadline is a positive duration."})
+        review, final = self.review_deadline, self.final_deadline
+        if review is not None and final is not None and final <= review:
+            raise ValidationError(
+                {"final_deadline": "The final deadline must be later than the review deadline."}
             )
 
     def _clean_currency_quorum(self, properties: dict[str, Any]) -> None:

@@ -34,6 +34,9 @@ class Occurrence(models.Model):
         REVOKED = "revoked", "Revoked"
         # The approval expired unclaimed (written by the expiry sweep).
         EXPIRED = "expired", "Expired"
+        # Nobody decided before the contract's final deadline (written by the deadlines
+        # sweep): fail-closed, nothing can approve it; not a rejection.
+        TIMED_OUT = "timed_out", "Timed out"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="occurrences")
@@ -51,6 +54,11 @@ class Occurrence(models.Model):
     admission_justification = models.CharField(max_length=64, blank=True)
     rejection_reason = models.TextField(blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The contract's deadlines as they were at the proposal, on the database's clock
+    # (``approvals.reviews.deadlines``); null when the contract sets none.
+    review_deadline_at = models.DateTimeField(null=True, blank=True)
+    final_deadline_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -82,6 +90,18 @@ class Occurrence(models.Model):
             ),
             # A run's earlier decisions (prior rejections of a repeated action).
             models.Index(fields=["tenant", "run_id", "status"], name="occurrence_run_status"),
+            # The deadlines sweep: pending requests still to escalate, and to time out.
+            models.Index(
+                fields=["review_deadline_at"],
+                condition=Q(status="pending_review", escalated_at__isnull=True)
+                & Q(review_deadline_at__isnull=False),
+                name="occurrence_review_due",
+            ),
+            models.Index(
+                fields=["final_deadline_at"],
+                condition=Q(status="pending_review", final_deadline_at__isnull=False),
+                name="occurrence_final_due",
+            ),
         ]
 
     def __str__(self) -> str:

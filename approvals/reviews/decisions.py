@@ -22,6 +22,7 @@ from approvals.models import (
     Occurrence,
     Proposal,
 )
+from approvals.reviews.deadlines import deadlines_from, require_before_final_deadline
 from approvals.vocabulary import (
     AuditKind,
     EventDecision,
@@ -59,6 +60,7 @@ def lock_approvals_then_occurrence(occurrence: Occurrence) -> Occurrence:
 
 
 def _require_pending(occurrence: Occurrence) -> None:
+    require_before_final_deadline(occurrence, db_now())
     if occurrence.status != Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
             ErrorCode.NOT_PENDING,
@@ -210,6 +212,7 @@ def proposal_edit(
             raise ServiceError(
                 ErrorCode.NOT_EDITABLE, "Only a pending or unclaimed request can be edited."
             )
+        require_before_final_deadline(occ, db_now())
         current = occ.proposals.get(is_current=True)
         if not hmac.compare_digest(seen_digest.encode(), current.action_digest.encode()):
             raise ServiceError(
@@ -231,8 +234,14 @@ def proposal_edit(
         superseded = Approval.objects.filter(
             proposal=current, state=Approval.State.ISSUED, superseded_at__isnull=True
         ).update(superseded_at=now)
+        # An edit of an approved request withdraws the approval and puts it back in review:
+        # the contract's deadlines run again from now. A pending one keeps its deadlines.
+        again = deadlines_from(occ.tool, now) if occ.status == Occurrence.Status.APPROVED else {}
         Occurrence.objects.filter(pk=occ.pk).update(
-            status=Occurrence.Status.PENDING_REVIEW, decided_at=None, updated_at=now
+            status=Occurrence.Status.PENDING_REVIEW,
+            decided_at=None,
+            updated_at=now,
+            **({"escalated_at": None, **again} if again else {}),
         )
         callback_delivery_create(
             audit_record(

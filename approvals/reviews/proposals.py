@@ -32,6 +32,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.reviews.deadlines import deadlines_from
 from approvals.vocabulary import (
     AuditKind,
     EventDecision,
@@ -84,6 +85,7 @@ def occurrence_propose(
         repeat_of = prior[0] if prior else None
     try:
         with transaction.atomic():
+            deadlines = {} if auto else deadlines_from(contract, db_now())
             occurrence = Occurrence.objects.create(
                 tenant=tenant,
                 runtime_key=runtime_key,
@@ -96,6 +98,7 @@ def occurrence_propose(
                 if auto
                 else Occurrence.Status.PENDING_REVIEW,
                 admission_justification=Epoch.Justification.READ_ONLY.value if auto else "",
+                **deadlines,
             )
             Proposal.objects.create(
                 occurrence=occurrence,
@@ -188,13 +191,17 @@ PRIOR_DECISIONS_LIMIT = 20
 
 @dataclass(frozen=True)
 class PriorDecision:
-    """An earlier occurrence of the same run, with the same action, that was rejected."""
+    """An earlier occurrence of the same run, with the same action, that was rejected or
+    timed out (nobody decided it before its final deadline)."""
 
     occurrence_id: uuid.UUID
-    decision: str  # EventDecision.REJECTED, the one decision listed so far
+    decision: str  # EventDecision.REJECTED or TIMED_OUT
     reason: str
     decided_at: datetime | None
-    decided_by: str  # the reviewer's username, or "policy"
+    decided_by: str  # the reviewer's username, "policy" (a repeat) or "console" (timeout)
+
+
+TIMED_OUT_REASON = "Nobody decided it before its final deadline."
 
 
 def prior_rejections(
@@ -204,14 +211,17 @@ def prior_rejections(
     action_digest: str,
     exclude: uuid.UUID | None = None,
     limit: int = PRIOR_DECISIONS_LIMIT,
+    with_timeouts: bool = False,
 ) -> list[PriorDecision]:
     """Rejected occurrences of the run whose action (any version of it) had this digest,
-    newest decision first."""
+    newest decision first; with ``with_timeouts``, timed-out ones too (what an answer's
+    ``prior_decisions`` lists; a repeat is rejected by policy only after a rejection)."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    statuses = [Occurrence.Status.REJECTED]
+    if with_timeouts:
+        statuses.append(Occurrence.Status.TIMED_OUT)
     rejected = (
-        Occurrence.objects.filter(
-            tenant_id=tenant_id, run_id=run_id, status=Occurrence.Status.REJECTED
-        )
+        Occurrence.objects.filter(tenant_id=tenant_id, run_id=run_id, status__in=statuses)
         .filter(
             Exists(
                 Proposal.objects.filter(occurrence_id=OuterRef("pk"), action_digest=action_digest)
@@ -220,7 +230,8 @@ def prior_rejections(
         .annotate(
             decided_by=Subquery(
                 AuditEvent.objects.filter(
-                    occurrence_id=OuterRef("pk"), kind=AuditKind.OCCURRENCE_REJECTED
+                    occurrence_id=OuterRef("pk"),
+                    kind__in=[AuditKind.OCCURRENCE_REJECTED, AuditKind.OCCURRENCE_TIMED_OUT],
                 )
                 .order_by("-id")
                 .values("actor")[:1]
@@ -230,13 +241,18 @@ def prior_rejections(
     )
     if exclude is not None:
         rejected = rejected.exclude(pk=exclude)
+    rows = rejected.values("pk", "status", "rejection_reason", "decided_at", "decided_by")
     return [
         PriorDecision(
             occurrence_id=row["pk"],
-            decision=vocabulary.EventDecision.REJECTED,
-            reason=row["rejection_reason"],
+            decision=vocabulary.EventDecision.TIMED_OUT
+            if row["status"] == Occurrence.Status.TIMED_OUT
+            else vocabulary.EventDecision.REJECTED,
+            reason=TIMED_OUT_REASON
+            if row["status"] == Occurrence.Status.TIMED_OUT
+            else row["rejection_reason"],
             decided_at=row["decided_at"],
             decided_by=row["decided_by"] or "",
         )
-        for row in rejected.values("pk", "rejection_reason", "decided_at", "decided_by")[:limit]
+        for row in rows[:limit]
     ]

@@ -16,6 +16,7 @@ from approvals.models import (
     Occurrence,
     Proposal,
 )
+from approvals.reviews.deadlines import deadlines_from
 from approvals.reviews.decisions import lock_approvals_then_occurrence, rejection_details
 from approvals.vocabulary import (
     AuditKind,
@@ -33,6 +34,12 @@ def _renew_refusal(occurrence: Occurrence, approval: Approval | None, now: datet
             ErrorCode.REJECTED,
             f"A reviewer rejected this request: {occurrence.rejection_reason}",
             details={**details, **rejection_details(occurrence)},
+        )
+    if status == Occurrence.Status.TIMED_OUT:
+        raise ServiceError(
+            ErrorCode.TIMED_OUT,
+            "Nobody decided this request before its final deadline; propose it again.",
+            details=details,
         )
     if status == Occurrence.Status.PENDING_REVIEW:
         raise ServiceError(
@@ -124,7 +131,12 @@ def occurrence_renew(*, occurrence: Occurrence, actor: str) -> Proposal:
             edited_by=None,
         )
         Occurrence.objects.filter(pk=occ.pk).update(
-            status=Occurrence.Status.PENDING_REVIEW, decided_at=None, updated_at=now
+            status=Occurrence.Status.PENDING_REVIEW,
+            decided_at=None,
+            updated_at=now,
+            # Back in review: the contract's deadlines run again from now.
+            escalated_at=None,
+            **deadlines_from(occ.tool, now),
         )
         audit_record(
             kind=AuditKind.OCCURRENCE_RENEWED,

@@ -23,6 +23,7 @@ STATE_CHOICES = [
     (Occurrence.Status.REJECTED.value, "Rejected"),
     (Occurrence.Status.REVOKED.value, "Revoked"),
     (Occurrence.Status.EXPIRED.value, "Expired"),
+    (Occurrence.Status.TIMED_OUT.value, "Timed out"),
     (Occurrence.Status.AUTO_ADMITTED.value, "Auto-admitted"),
     (STATE_ALL, "All states"),
     (STATE_WENT_WRONG, "My approvals that went wrong"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -467,8 +468,12 @@ def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(
     raw = output.out.splitlines()[-1].strip().removeprefix("export KEY=")
     client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert client.get("/api/v1/audit/events").status_code == 200
-    assert Occurrence.objects.count() == 4
+    assert Occurrence.objects.count() == 5
     assert RuntimeKey.objects.count() == 2
+    # One demo request has short deadlines: a newcomer sees it escalate, then time out.
+    close = Occurrence.objects.get(tool__name="close_ticket")
+    assert close.review_deadline_at is not None and close.final_deadline_at is not None
+    assert close.final_deadline_at - close.review_deadline_at == timedelta(minutes=3)
 
 
 # --- revoke_approvals: the filters of the console's bulk revocation, --dry-run ---------------

@@ -49,6 +49,8 @@ STORED = {
     "occurrence.auto_admitted",
     "occurrence.rejected",
     "occurrence.renewed",
+    "occurrence.escalated",
+    "occurrence.timed_out",
     "proposal.edited",
     "approval.vote_recorded",
     "approval.issued",
@@ -302,6 +304,8 @@ STORED_EVENT_DECISIONS = {
     "taken",
     "taken_over",
     "released",
+    "escalated",
+    "timed_out",
 }
 STORED_EVENT_REASONS = {
     "rejected_by_reviewer",
@@ -310,6 +314,8 @@ STORED_EVENT_REASONS = {
     "approval_expired",
     "approval_superseded",
     "expired_unclaimed",
+    "review_deadline_passed",
+    "final_deadline_passed",
     "refusals_burst",
     "other_execution",
     "attempts_exhausted",

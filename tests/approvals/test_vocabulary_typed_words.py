@@ -184,10 +184,11 @@ def test_the_vocabularies_keep_their_words() -> None:
         "revoked",
         "expired",
         "auto_admitted",
+        "timed_out",
     }
     assert set(QUEUE_REASONS) == set(QueueReason)
     assert len(QUEUE_REASONS) == len(set(QUEUE_REASONS))
-    assert literal_values(PriorDecision) == (EventDecision.REJECTED,)
+    assert literal_values(PriorDecision) == (EventDecision.REJECTED, EventDecision.TIMED_OUT)
     assert literal_values(ReviewOutcomeLiteral) == tuple(ReviewOutcome.values)
     assert set(vocabulary.REVIEW_DECISION_KINDS) <= set(vocabulary.DECISION_WORDS)
 
@@ -212,6 +213,7 @@ STORED_CODES = {
     "self_approval",
     "stale_digest",
     "not_editable",
+    "timed_out",
     "not_approved",
     "auto_admitted",
     "rejected",

@@ -64,6 +64,14 @@ def inbox_badge(occurrence: Occurrence, now: datetime) -> tuple[str, str]:
     return badge, Occurrence.Status(status).label
 
 
+def escalated_badge(occurrence: Occurrence, now: datetime) -> str:
+    """ "Escalated: waiting 35 min" for a pending row past its review deadline, else ""."""
+    if occurrence.escalated_at is None or occurrence.status != Occurrence.Status.PENDING_REVIEW:
+        return ""
+    minutes = max(int((now - occurrence.created_at).total_seconds() // 60), 0)
+    return f"Escalated: waiting {minutes} min"
+
+
 @dataclass(frozen=True)
 class InboxRow:
     occurrence: Occurrence
@@ -74,6 +82,7 @@ class InboxRow:
     badge: str
     label: str
     age: str
+    escalated: str = ""  # past the review deadline, still pending
     flags: list[ArgumentFlag] = field(default_factory=list)  # look-alike text
 
     @property
@@ -108,6 +117,7 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
         badge=badge,
         label=label,
         age=age(occurrence.created_at, now),
+        escalated=escalated_badge(occurrence, now),
         flags=argument_flags(arguments),
     )
 

@@ -222,6 +222,7 @@ class DecisionPanel:
     rejected_by: str
     rejection_reason: SafeString
     expires_in: str
+    escalated: str  # "Escalated: waiting 35 min" while undecided past the review deadline
     history: list[AuditEvent]
     history_html: SafeString  # the window's rows (templates/jinja2/approvals/history_rows.html)
     history_total: int
@@ -268,6 +269,14 @@ def panel_stamp(fresh: Freshness, viewer: Viewer, *, shown_digest: str, now: dat
     )
 
 
+def escalation_label(occurrence: Occurrence, now: datetime) -> str:
+    """ "Escalated: waiting 35 min" for a request past its review deadline, else ""."""
+    if occurrence.escalated_at is None:
+        return ""
+    minutes = max(int((now - occurrence.created_at).total_seconds() // 60), 0)
+    return f"Escalated: waiting {minutes} min"
+
+
 def _state_label(decision: DecisionView, evidence: EffectEvidence | None) -> str:
     """The header's word for the decision, and for a consumed approval what its command did:
     "Consumed" alone hid an effect that failed, is unknown or was interrupted."""
@@ -304,7 +313,7 @@ def decision_panel(
     editable = (
         viewer.is_reviewer
         and occurrence.status in {Occurrence.Status.PENDING_REVIEW, Occurrence.Status.APPROVED}
-        and decision.state != PanelState.CONSUMED
+        and decision.state not in {PanelState.CONSUMED, PanelState.TIMED_OUT}
     )
     can_decide = viewer.is_reviewer and undecided
     can_revoke = viewer.is_admin and decision.state in {PanelState.ISSUED, PanelState.DELIVERED}
@@ -348,6 +357,7 @@ def decision_panel(
         rejected_by=snapshot.rejected_by,
         rejection_reason=reveal_html(occurrence.rejection_reason),
         expires_in=expires_in,
+        escalated=escalation_label(occurrence, now) if undecided else "",
         history=history,
         history_html=render_rows("approvals/history_rows.html", {"rows": history_rows(history)}),
         history_total=window.total,

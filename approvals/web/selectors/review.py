@@ -371,6 +371,7 @@ class DecisionView:
             PanelState.REVOKED,
             PanelState.EXPIRED,
             PanelState.AUTO_ADMITTED,
+            PanelState.TIMED_OUT,
         }
 
     @property
@@ -389,7 +390,13 @@ def occurrence_decision(reviewed: Reviewed, now: datetime | None = None) -> Deci
     command = reviewed.commands.get(approval.pk) if approval is not None else None
 
     status = occurrence.status
-    if status == Occurrence.Status.REJECTED:
+    final_deadline = occurrence.final_deadline_at
+    if status == Occurrence.Status.TIMED_OUT or (
+        # Past the final deadline nothing can decide it, before the sweep writes it down.
+        status == Occurrence.Status.PENDING_REVIEW and final_deadline and final_deadline <= now
+    ):
+        state = PanelState.TIMED_OUT
+    elif status == Occurrence.Status.REJECTED:
         state = PanelState.REJECTED
     elif status == Occurrence.Status.AUTO_ADMITTED:
         state = PanelState.AUTO_ADMITTED

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -10,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.access.runtime_keys import runtime_key_create
-from approvals.models import Membership, Tenant
+from approvals.models import Membership, Tenant, ToolContract
 from approvals.reviews.proposals import occurrence_propose
 
 DEMO_USERS = [
@@ -62,6 +63,14 @@ DEMO_PROPOSALS: list[dict[str, Any]] = [
         "client_ref": "demo-message-1042",
     },
     {
+        "tool": "close_ticket",
+        "arguments": {"ticket_id": "T-1042"},
+        "run_id": "run-support-1042",
+        "reason": "The refund is done; nothing else to do on this ticket.",
+        "requested_by": "alice",
+        "client_ref": "demo-close-1042",
+    },
+    {
         "tool": "lookup_order",
         "arguments": {"order_id": "1042"},
         "run_id": "run-support-1042",
@@ -70,6 +79,24 @@ DEMO_PROPOSALS: list[dict[str, Any]] = [
         "client_ref": "demo-lookup-1042",
     },
 ]
+
+
+# A demo-only contract with short deadlines, so that a newcomer sees a request escalated
+# after 2 minutes and timed out after 5 (the sweep runs under bin/demo's beat).
+DEMO_DEADLINE_CONTRACT: dict[str, Any] = {
+    "name": "close_ticket",
+    "description": "Close a support ticket (demo). Undecided, it is escalated after 2 "
+    "minutes and times out after 5.",
+    "json_schema": {
+        "type": "object",
+        "properties": {"ticket_id": {"type": "string", "minLength": 1, "maxLength": 40}},
+        "required": ["ticket_id"],
+        "additionalProperties": False,
+    },
+    "risk": ToolContract.Risk.LOW,
+    "review_deadline": timedelta(minutes=2),
+    "final_deadline": timedelta(minutes=5),
+}
 
 
 class Command(BaseCommand):
@@ -108,6 +135,10 @@ class Command(BaseCommand):
         # random suffix keeps two runs within one second from colliding on the key's name.
         name = f"demo-runtime-{timezone.now():%Y%m%d%H%M%S}-{secrets.token_hex(3)}"
         key, raw = runtime_key_create(tenant=tenant, name=name)
+        if not ToolContract.objects.filter(name=DEMO_DEADLINE_CONTRACT["name"]).exists():
+            contract = ToolContract(**DEMO_DEADLINE_CONTRACT)
+            contract.full_clean()
+            contract.save()
         for proposal in DEMO_PROPOSALS:
             occurrence_propose(runtime_key=key, **proposal)
 

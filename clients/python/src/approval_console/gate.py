@@ -52,6 +52,8 @@ Status = Literal[
     "outcome_unknown",
     "failed",
     "refused",
+    # Nobody decided before the contract's final deadline: not run, not a rejection.
+    "timed_out",
 ]
 
 # Contracts whose call may be repeated with the same idempotency key without a second effect.
@@ -330,6 +332,13 @@ def _not_decided(occurrence: Occurrence) -> Outcome | None:
     if occurrence.status == "revoked":
         return Outcome(
             "refused", occurrence.occurrence_id, "An admin revoked the approval; not run."
+        )
+    if occurrence.status == "timed_out":
+        return Outcome(
+            "timed_out",
+            occurrence.occurrence_id,
+            f"Nobody reviewed this call ({occurrence.tool}) before its deadline: it timed "
+            "out and was not run. It was not rejected; propose it again to ask again.",
         )
     return None
 
