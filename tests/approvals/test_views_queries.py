@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from approvals.audit.record import audit_record
 from approvals.models import Command, Occurrence, RuntimeKey
@@ -293,9 +294,17 @@ def test_unchanged_inbox_poll_answers_204_before_reading_rows(
         "/reviews/?tool=issue_refund&state=all",
     )
     for url in urls:
-        poll = str(parse(client.get(url)).attr("inbox-list", "hx-get"))
-        with django_assert_max_num_queries(UNCHANGED_INBOX_POLL_QUERIES):
-            assert client.get(poll, headers={"HX-Request": "true"}).status_code == 204, url
+        # The stamp holds the minute (the rows' ages change with it): a render and its poll
+        # on either side of a minute's turn differ for that reason alone, so that pair is
+        # tried once more.
+        for _ in range(2):
+            minute = timezone.now().replace(second=0, microsecond=0)
+            poll = str(parse(client.get(url)).attr("inbox-list", "hx-get"))
+            with django_assert_max_num_queries(UNCHANGED_INBOX_POLL_QUERIES):
+                status = client.get(poll, headers={"HX-Request": "true"}).status_code
+            if timezone.now().replace(second=0, microsecond=0) == minute:
+                break
+        assert status == 204, url
 
 
 def test_review_page_reads_each_approvals_command_with_the_approval(
