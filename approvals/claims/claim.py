@@ -120,26 +120,19 @@ def approval_claim(
                 runtime_key=runtime_key,
                 other_key=True,
             )
-        if claim_sql.claim_one_statement():
-            command = _claim_in_one_statement(
-                tenant=tenant,
-                token_hash=token_hash,
-                digest=digest,
-                execution_id=execution_id,
-                message_id=message_id,
-                runtime_key=runtime_key,
-                executed_by=executed_by,
-            )
-        else:
-            command = _claim_through_the_orm(
-                tenant=tenant,
-                token_hash=token_hash,
-                digest=digest,
-                execution_id=execution_id,
-                message_id=message_id,
-                runtime_key=runtime_key,
-                executed_by=executed_by,
-            )
+        # One statement on PostgreSQL; the ORM, writing the same rows, on SQLite.
+        write = (
+            _claim_in_one_statement if claim_sql.claim_one_statement() else _claim_through_the_orm
+        )
+        command = write(
+            tenant=tenant,
+            token_hash=token_hash,
+            digest=digest,
+            execution_id=execution_id,
+            message_id=message_id,
+            runtime_key=runtime_key,
+            executed_by=executed_by,
+        )
         if command is None:
             return _claim_refused(
                 tenant=tenant,
