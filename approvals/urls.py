@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from approvals.web import tokens as account_views
+from approvals.web.bulk import bulk_review
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
@@ -19,6 +20,7 @@ app_name = "approvals"
 
 urlpatterns = [
     path("reviews/", inbox, name="inbox"),
+    path("reviews/bulk/", bulk_review, name="bulk"),
     path("reviews/<uuid:occurrence_id>/", review, name="review"),
     path("reviews/<uuid:occurrence_id>/panel", panel, name="panel"),
     path("reviews/<uuid:occurrence_id>/approve", approve, name="approve"),

@@ -24,12 +24,12 @@ from approvals.access.tenancy import User
 from approvals.audit.record import db_now
 from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import Occurrence, Proposal
+from approvals.reviews.deadlines import require_before_final_deadline
 from approvals.reviews.decisions import (
     ApproveOutcome,
     occurrence_approve,
     occurrence_reject,
 )
-from approvals.reviews.deadlines import require_before_final_deadline
 
 # The most requests one submission decides: the page says so, and each one is still shown
 # in full (its canonical JSON and digest) before it is decided.
@@ -96,7 +96,9 @@ def _refused(error: ServiceError, occurrence_id: uuid.UUID, batch_id: uuid.UUID)
     )
 
 
-def _check(occ: Occurrence | None, proposal: Proposal | None, item: BulkItem, now: datetime) -> None:
+def _check(
+    occ: Occurrence | None, proposal: Proposal | None, item: BulkItem, now: datetime
+) -> None:
     """One member against what the page showed: still pending, in time, the same version."""
     if occ is None or proposal is None:
         raise ServiceError(ErrorCode.NOT_FOUND, "There is no such request in your tenants.", 404)

@@ -118,9 +118,7 @@ def test_bulk_approval_racing_a_single_rejection_has_exactly_one_winner(
         )
 
         ids = [o.pk for o in occurrences]
-        statuses = Counter(
-            Occurrence.objects.filter(pk__in=ids).values_list("status", flat=True)
-        )
+        statuses = Counter(Occurrence.objects.filter(pk__in=ids).values_list("status", flat=True))
         approvals = Approval.objects.filter(occurrence_id__in=ids).count()
         votes = ApprovalVote.objects.filter(proposal__occurrence_id__in=ids).count()
         issued = AuditEvent.objects.filter(occurrence_id__in=ids, kind="approval.issued").count()
