@@ -8,6 +8,7 @@ from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
+from approvals.web.review_health import review_health
 from approvals.web.revocation_batches import revocations_batches
 from approvals.web.revocations import (
     revocations,
@@ -53,6 +54,7 @@ urlpatterns = [
         revocations_batch,
         name="revocations-batch",
     ),
+    path("manage/review-health/", review_health, name="review-health"),
     path("manage/keys/", keys, name="keys"),
     path("manage/keys/create", keys_create, name="keys-create"),
     path("manage/keys/<int:key_id>/created", key_created, name="key-created"),
