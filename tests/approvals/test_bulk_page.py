@@ -50,8 +50,8 @@ def test_the_page_shows_each_action_its_digest_and_what_differs(
     assert "amount_minor" in differences and "payment_id" in differences
     assert "currency" not in differences
     # The differing arguments' lines are marked inside the canonical JSON; the rest is not.
-    assert '<mark class="bulk-diff">    &quot;amount_minor&quot;: 1001,</mark>' in html
-    assert '<mark class="bulk-diff">    &quot;currency&quot;' not in html
+    assert '    <mark class="bulk-diff">&quot;amount_minor&quot;: 1001,</mark>' in html
+    assert '<mark class="bulk-diff">&quot;currency&quot;' not in html
     assert f"At most {BULK_MAX} requests per batch" in html
 
 

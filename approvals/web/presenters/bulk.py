@@ -58,10 +58,16 @@ def marked_action(canonical: str, differing: set[str], look_alike: set[str]) -> 
             inside, current = False, ""
         elif inside and (found := _ARGUMENT_KEY.match(line)):
             current = json.loads(found.group(1))
-        shown = reveal(line, look_alike).html
         if inside and current in differing:
-            shown = format_html('<mark class="bulk-diff">{}</mark>', shown)
-        lines.append(shown)
+            text = line.lstrip(" ")
+            indent = line[: len(line) - len(text)]
+            lines.append(
+                format_html(
+                    '{}<mark class="bulk-diff">{}</mark>', indent, reveal(text, look_alike).html
+                )
+            )
+        else:
+            lines.append(reveal(line, look_alike).html)
     return SafeString("\n".join(lines))
 
 
