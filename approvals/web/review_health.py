@@ -4,7 +4,7 @@ reviewers take to decide, per tool (p50, p95), and escalations and timeouts per 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -38,7 +38,10 @@ def review_health(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     since = now - timedelta(days=days)
     times = decision_times(since=since, tenant_ids=tenant_ids)
-    per_day = deadline_days(since=since, until=now, tenant_ids=tenant_ids)
+    # Per day: the last ``days`` UTC calendar days, today's so far included.
+    first_day = (now - timedelta(days=days - 1)).astimezone(UTC)
+    midnight = first_day.replace(hour=0, minute=0, second=0, microsecond=0)
+    per_day = deadline_days(since=midnight, until=now, tenant_ids=tenant_ids)
     context = scope.context(
         "review-health",
         tools=[(t, seconds_text(t.p50), seconds_text(t.p95)) for t in times],
