@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods
 from approvals.errors import InputError, ServiceError
 from approvals.reviews.bulk import BULK_MAX, BulkItem, occurrences_approve, occurrences_reject
 from approvals.web.forms import DIGEST_VALIDATOR
-from approvals.web.presenters.bulk import bulk_rows
+from approvals.web.presenters.bulk import Reader, bulk_rows
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.bulk import bulk_occurrences
 from approvals.web.shell import (
@@ -167,7 +167,9 @@ def _render(
     status: int = 200,
 ) -> HttpResponse:
     occurrences = bulk_occurrences(ids=ids, tenant_ids=tenant_ids)
-    rows, differing = bulk_rows(occurrences, refused=refused, now=timezone.now())
+    user = request.user
+    reader = Reader(user.pk, user.get_username(), getattr(user, "email", "") or "")
+    rows, differing = bulk_rows(occurrences, reader=reader, refused=refused, now=timezone.now())
     pending = [row for row in rows if row.pending]
     tools = {row.occurrence.tool_id for row in rows}
     context: dict[str, Any] = {
@@ -178,6 +180,7 @@ def _render(
         "missing": len(ids) - len(rows),
         "decidable": bool(rows) and len(pending) == len(rows) and len(tools) == 1,
         "mixed_tools": len(tools) > 1,
+        "own": [row for row in rows if row.own],
         "without_decided": _without_url(pending) if pending and len(pending) < len(rows) else "",
         "errors": errors or [],
         "notice": notice,

@@ -219,3 +219,18 @@ def test_the_inbox_filters_by_requester_run_and_amount(runtime: Runtime, reviewe
     assert row_ids(both) == {large}
     # The poll keeps the filters.
     assert "requester=ana" in both.content.decode() and "amount_min=100" in both.content.decode()
+
+
+def test_the_page_warns_of_a_request_the_reader_may_not_approve(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    ids = [propose(runtime, 1), propose(runtime, 2, by="rita")]
+    client = signed_in(reviewer)
+    page = client.get("/reviews/bulk/", {"ids": ids})
+    html = page.content.decode()
+    assert "1 of these is a request you may not approve" in html
+    assert "You requested this one" in html
+    answer = client.post("/reviews/bulk/", {"item": items_of(page), "decision": "approve"})
+    assert answer.status_code == 403
+    assert f"request {ids[1][:8]} stopped the batch" in answer.content.decode()
+    assert not Approval.objects.exists()

@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from approvals.canonical.confusables import is_hidden
+from approvals.canonical.confusables import is_hidden, same_person
 from approvals.canonical.form import pretty
 from approvals.models import Occurrence, Proposal
 from approvals.web.links import occurrence_path
@@ -84,6 +84,7 @@ class BulkRow:
     hidden: int  # hidden characters revealed in the action
     look_alike: bool
     refused: bool  # the request the last submission was refused for
+    own: str = ""  # why the viewer may not approve it (their request, their edit), or ""
 
     @property
     def pending(self) -> bool:
@@ -103,8 +104,28 @@ class BulkRow:
         return occurrence_path("approvals:review", self.occurrence.pk)
 
 
+@dataclass(frozen=True)
+class Reader:
+    """Who reads the page: the self-approval rule's identities."""
+
+    pk: Any
+    username: str
+    email: str = ""
+
+    def own(self, occurrence: Occurrence, proposal: Proposal) -> str:
+        if same_person(occurrence.requested_by, self.username, self.email):
+            return "You requested this one, so another reviewer must approve it."
+        if proposal.edited_by_id is not None and proposal.edited_by_id == self.pk:
+            return "You wrote this version, so another reviewer must approve it."
+        return ""
+
+
 def bulk_rows(
-    occurrences: Sequence[Occurrence], *, refused: uuid.UUID | None, now: datetime
+    occurrences: Sequence[Occurrence],
+    *,
+    reader: Reader,
+    refused: uuid.UUID | None,
+    now: datetime,
 ) -> tuple[list[BulkRow], list[str]]:
     """One row per request (each loaded by ``approvals.web.selectors.bulk``), and the
     arguments in which they differ."""
@@ -138,6 +159,7 @@ def bulk_rows(
                 hidden=action.hidden,
                 look_alike=bool(flags),
                 refused=occurrence.pk == refused,
+                own=reader.own(occurrence, proposal),
             )
         )
     return rows, differing
