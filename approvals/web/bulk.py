@@ -28,7 +28,6 @@ from approvals.web.shell import (
     Notice,
     chrome,
     console_login_required,
-    refusal,
 )
 
 APPROVE, REJECT = "approve", "reject"
@@ -134,7 +133,8 @@ def _decide(request: HtmxHttpRequest, access: ConsoleAccess, tenant_ids: list[in
             access,
             tenant_ids,
             ids,
-            notice=refusal(error.code, error.message),
+            # The batch's own words (they name the request), not ``refusal``'s generic ones.
+            notice=Notice("error", error.message),
             refused=uuid.UUID(refused) if refused else None,
             status=error.status,
         )

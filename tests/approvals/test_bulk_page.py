@@ -10,7 +10,7 @@ import pytest
 
 from approvals.models import Approval, AuditEvent, Membership, Occurrence, Tenant
 from approvals.reviews.bulk import BULK_MAX
-from approvals.reviews.decisions import proposal_edit
+from approvals.reviews.decisions import occurrence_reject, proposal_edit
 from approvals.reviews.proposals import occurrence_propose
 from tests.approvals.test_views_html import parse, signed_in
 from tests.conftest import REFUND_ARGS, Runtime, make_user
@@ -233,4 +233,22 @@ def test_the_page_warns_of_a_request_the_reader_may_not_approve(
     answer = client.post("/reviews/bulk/", {"item": items_of(page), "decision": "approve"})
     assert answer.status_code == 403
     assert f"request {ids[1][:8]} stopped the batch" in answer.content.decode()
+    assert not Approval.objects.exists()
+
+
+def test_a_request_decided_since_rendering_is_named(
+    runtime: Runtime, reviewer: Any, second_reviewer: Any
+) -> None:
+    ids = [propose(runtime, n) for n in range(3)]
+    client = signed_in(reviewer)
+    page = client.get("/reviews/bulk/", {"ids": ids})
+    occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=ids[2]), reviewer=second_reviewer, reason="No"
+    )
+    answer = client.post("/reviews/bulk/", {"item": items_of(page), "decision": "approve"})
+    assert answer.status_code == 409
+    html = answer.content.decode()
+    assert f"request {ids[2][:8]} stopped the batch" in html
+    assert "It was decided since the page was rendered (it is rejected)" in html
+    assert "Continue with the pending ones only" in html
     assert not Approval.objects.exists()
