@@ -20,7 +20,7 @@ from django.views.decorators.http import require_http_methods
 from approvals.errors import InputError, ServiceError
 from approvals.reviews.bulk import BULK_MAX, BulkItem, occurrences_approve, occurrences_reject
 from approvals.web.forms import DIGEST_VALIDATOR
-from approvals.web.presenters.bulk import Reader, bulk_rows
+from approvals.web.presenters.bulk import Reader, bulk_rows, decided_notice
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.bulk import bulk_occurrences
 from approvals.web.shell import (
@@ -108,14 +108,9 @@ def _decide(request: HtmxHttpRequest, access: ConsoleAccess, tenant_ids: list[in
         items = _items(values)
         if not form.is_valid():
             raise InputError("bad_decision", "Choose approve or reject.", "decision")
-        if form.cleaned_data["decision"] == APPROVE:
+        approving = form.cleaned_data["decision"] == APPROVE
+        if approving:
             result = occurrences_approve(reviewer=request.user, items=items, tenant_ids=tenant_ids)
-            text = (
-                f"Approved {result.issued} of {len(items)} request{'' if len(items) == 1 else 's'}"
-            )
-            waiting = len(items) - result.issued
-            if waiting:
-                text += f"; {waiting} still need{'s' if waiting == 1 else ''} another reviewer"
         else:
             result = occurrences_reject(
                 reviewer=request.user,
@@ -123,7 +118,6 @@ def _decide(request: HtmxHttpRequest, access: ConsoleAccess, tenant_ids: list[in
                 tenant_ids=tenant_ids,
                 reason=form.cleaned_data["reason"],
             )
-            text = f"Rejected {len(items)} request{'' if len(items) == 1 else 's'}"
     except InputError as error:
         return _render(request, access, tenant_ids, ids, errors=[error.message], status=400)
     except ServiceError as error:
@@ -138,8 +132,7 @@ def _decide(request: HtmxHttpRequest, access: ConsoleAccess, tenant_ids: list[in
             refused=uuid.UUID(refused) if refused else None,
             status=error.status,
         )
-    notice = Notice("success", f"{text} (batch {str(result.batch_id)[:8]}).")
-    return _render(request, access, tenant_ids, ids, notice=notice)
+    return _render(request, access, tenant_ids, ids, notice=decided_notice(result, approving))
 
 
 def _ids_of(values: list[str]) -> list[uuid.UUID]:

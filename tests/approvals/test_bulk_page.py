@@ -252,3 +252,15 @@ def test_a_request_decided_since_rendering_is_named(
     assert "It was decided since the page was rendered (it is rejected)" in html
     assert "Continue with the pending ones only" in html
     assert not Approval.objects.exists()
+
+
+def test_a_request_above_its_quorum_gets_a_vote_and_the_page_says_so(
+    runtime: Runtime, reviewer: Any
+) -> None:
+    ids = [propose(runtime, 1), propose(runtime, 2, amount_minor=90000)]
+    client = signed_in(reviewer)
+    page = client.get("/reviews/bulk/", {"ids": ids})
+    answer = client.post("/reviews/bulk/", {"item": items_of(page), "decision": "approve"})
+    assert answer.status_code == 200
+    assert "Approved 1 of 2 requests; 1 still needs another reviewer" in answer.content.decode()
+    assert Occurrence.objects.get(pk=ids[1]).status == Occurrence.Status.PENDING_REVIEW

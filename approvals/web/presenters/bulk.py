@@ -18,9 +18,10 @@ from django.utils.safestring import SafeString
 from approvals.canonical.confusables import is_hidden, same_person
 from approvals.canonical.form import pretty
 from approvals.models import Occurrence, Proposal
+from approvals.reviews.bulk import BulkResult
 from approvals.web.links import occurrence_path
 from approvals.web.money import MoneyLine, money_lines
-from approvals.web.shell import age
+from approvals.web.shell import Notice, age
 from approvals.web.text import argument_flags, json_value, reveal, reveal_html
 
 # A top-level argument's line in ``pretty``'s output: four spaces, then its key.
@@ -102,6 +103,24 @@ class BulkRow:
     @property
     def href(self) -> str:
         return occurrence_path("approvals:review", self.occurrence.pk)
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'' if n == 1 else 's'}"
+
+
+def decided_notice(result: BulkResult, approved: bool) -> Notice:
+    """What a written batch says: how many were approved (or rejected), how many still
+    need another reviewer's vote (their quorum), and the batch's id as the audit has it."""
+    total = len(result.decided)
+    if approved:
+        text = f"Approved {result.issued} of {_requests(total)}"
+        waiting = total - result.issued
+        if waiting:
+            text += f"; {waiting} still need{'s' if waiting == 1 else ''} another reviewer"
+    else:
+        text = f"Rejected {_requests(total)}"
+    return Notice("success", f"{text} (batch {str(result.batch_id)[:8]}).")
 
 
 @dataclass(frozen=True)
