@@ -38,6 +38,7 @@
   });
   document.addEventListener("htmx:afterSettle", function () {
     boxes().forEach(function (box) { if (kept.indexOf(box.value) !== -1) box.checked = true; });
+    kept = [];
     update();
   });
   document.addEventListener("change", function (event) {
