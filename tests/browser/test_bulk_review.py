@@ -160,3 +160,20 @@ def test_the_bulk_page_does_not_scroll_sideways_at_200_percent(
     axe = AxeReport()
     axe.check(page, "bulk review at 640 px")
     axe.assert_clean()
+
+
+def test_the_ticks_survive_the_inbox_refreshing_itself(
+    contexts: Contexts, runtime: Runtime, reviewer: Any
+) -> None:
+    ids = [refund(runtime, n) for n in range(3)]
+    page = contexts.new().new_page()
+    login(page, reviewer.username)
+    page.goto("/reviews/")
+    page.locator(f"#select-{ids[0]}").check()
+    page.locator(f"#select-{ids[2]}").check()
+    newer = refund(runtime, 3)  # the list changes: the poll swaps it in
+    expect(page.locator(f"#select-{newer}")).to_be_visible(timeout=20_000)
+    expect(page.locator(f"#select-{ids[0]}")).to_be_checked()
+    expect(page.locator(f"#select-{ids[2]}")).to_be_checked()
+    expect(page.locator(f"#select-{ids[1]}")).not_to_be_checked()
+    expect(page.locator("#review-selected")).to_have_text("Review selected (2)")
