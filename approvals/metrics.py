@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import Count
 from django.db.models.signals import post_save
+from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -38,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from approvals.models import AuditEvent, Command, Occurrence
+from approvals.reviews.health import deadline_days, decision_times
 from approvals.vocabulary import (
     DECISION_WORDS,
     EFFECT_NOT_SENT,
@@ -221,6 +223,64 @@ _WAITING = WaitingCollector()
 REGISTRY.register(_WAITING)
 
 
+# --- review health, read at scrape time (approvals.reviews.health) -----------------------
+
+# The window the review health gauges cover, up to the scrape.
+HEALTH_WINDOW = timedelta(days=1)
+QUANTILES = (("0.5", "p50"), ("0.95", "p95"))
+
+
+class ReviewHealthCollector:
+    """Time to decision per tool (p50, p95) and escalations and timeouts, over the last
+    day, every tenant: two small reads on the ``audit_review_health`` index per scrape."""
+
+    def describe(self) -> Iterable[Metric]:
+        return [
+            GaugeMetricFamily("console_review_time_to_decision_seconds", "", labels=["tool"]),
+            GaugeMetricFamily("console_review_decisions_last_day", "", labels=["tool"]),
+            GaugeMetricFamily("console_review_deadline_events_last_day", "", labels=["event"]),
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        since = now - HEALTH_WINDOW
+        try:
+            times = decision_times(since=since)
+            days = deadline_days(since=since, until=now)
+        except DatabaseError:
+            return  # console_metrics_database_up says so
+        quantiles = GaugeMetricFamily(
+            "console_review_time_to_decision_seconds",
+            "Time from a proposal to a reviewer's decision (approved or rejected), per tool, "
+            "over the last day: the median (quantile 0.5) and the 95th percentile.",
+            labels=["tool", "quantile"],
+        )
+        decided = GaugeMetricFamily(
+            "console_review_decisions_last_day",
+            "Reviewers' decisions over the last day, per tool.",
+            labels=["tool"],
+        )
+        for tool in times:
+            for quantile, field in QUANTILES:
+                quantiles.add_metric([tool.tool, quantile], getattr(tool, field))
+            decided.add_metric([tool.tool], tool.decided)
+        yield quantiles
+        yield decided
+        deadlines = GaugeMetricFamily(
+            "console_review_deadline_events_last_day",
+            "Requests escalated (review deadline) and timed out (final deadline) over the "
+            "last day.",
+            labels=["event"],
+        )
+        deadlines.add_metric([EventDecision.ESCALATED], sum(d.escalated for d in days))
+        deadlines.add_metric([EventDecision.TIMED_OUT], sum(d.timed_out for d in days))
+        yield deadlines
+
+
+_HEALTH = ReviewHealthCollector()
+REGISTRY.register(_HEALTH)
+
+
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
@@ -232,4 +292,5 @@ def exposition() -> tuple[bytes, str]:
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     registry.register(_WAITING)
+    registry.register(_HEALTH)
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -3,10 +3,12 @@ from __future__ import annotations
 from django.urls import path
 
 from approvals.web import tokens as account_views
+from approvals.web.bulk import bulk_review
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
 from approvals.web.review import approve, edit, panel, reject, review, revoke
+from approvals.web.review_health import review_health
 from approvals.web.revocation_batches import revocations_batches
 from approvals.web.revocations import (
     revocations,
@@ -19,6 +21,7 @@ app_name = "approvals"
 
 urlpatterns = [
     path("reviews/", inbox, name="inbox"),
+    path("reviews/bulk/", bulk_review, name="bulk"),
     path("reviews/<uuid:occurrence_id>/", review, name="review"),
     path("reviews/<uuid:occurrence_id>/panel", panel, name="panel"),
     path("reviews/<uuid:occurrence_id>/approve", approve, name="approve"),
@@ -51,6 +54,7 @@ urlpatterns = [
         revocations_batch,
         name="revocations-batch",
     ),
+    path("manage/review-health/", review_health, name="review-health"),
     path("manage/keys/", keys, name="keys"),
     path("manage/keys/create", keys_create, name="keys-create"),
     path("manage/keys/<int:key_id>/created", key_created, name="key-created"),

@@ -183,6 +183,21 @@ class AuditEvent(models.Model):
                 condition=Q(ingestion__isnull=False),
                 name="audit_ingested_command",
             ),
+            # Review health (approvals.reviews.health): reviewers' decisions, escalations
+            # and timeouts by time, the console's own only. A few rows per request.
+            models.Index(
+                fields=["source_time"],
+                condition=Q(
+                    kind__in=[
+                        vocabulary.AuditKind.APPROVAL_ISSUED,
+                        vocabulary.AuditKind.OCCURRENCE_REJECTED,
+                        vocabulary.AuditKind.OCCURRENCE_ESCALATED,
+                        vocabulary.AuditKind.OCCURRENCE_TIMED_OUT,
+                    ],
+                    ingestion__isnull=True,
+                ),
+                name="audit_review_health",
+            ),
         ]
         constraints = [
             # A fork of the chain (two events with one chain_seq) cannot be stored.

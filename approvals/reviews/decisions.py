@@ -70,11 +70,12 @@ def _require_pending(occurrence: Occurrence) -> None:
 
 
 def occurrence_approve(
-    *, occurrence: Occurrence, reviewer: User, seen_digest: str, via: str = ""
+    *, occurrence: Occurrence, reviewer: User, seen_digest: str, via: str = "", batch: str = ""
 ) -> ApproveOutcome:
     """Record the reviewer's approval of the current version; issue the capability once
     the contract's quorum of distinct reviewers is reached. ``via`` names a personal access
-    token the decision came through (``approvals.access.reviewer_tokens``), in the audit events.
+    token the decision came through (``approvals.access.reviewer_tokens``), in the audit events;
+    ``batch`` the bulk review it was part of (``approvals.reviews.bulk``), in them too.
 
     Refuses a digest that is not the current version's, a reviewer approving their own
     request or their own edit, a non-reviewer, and anything no longer pending. Concurrent
@@ -125,6 +126,7 @@ def occurrence_approve(
                     "votes": votes,
                     "needed": needed,
                     **({"via": via} if via else {}),
+                    **({"batch": batch} if batch else {}),
                 },
             )
         if votes < needed:
@@ -158,6 +160,7 @@ def occurrence_approve(
                     "expires_at": approval.expires_at.isoformat(),
                     "approvers": votes,
                     **({"via": via} if via else {}),
+                    **({"batch": batch} if batch else {}),
                 },
             )
         )
@@ -165,9 +168,10 @@ def occurrence_approve(
 
 
 def occurrence_reject(
-    *, occurrence: Occurrence, reviewer: User, reason: str, via: str = ""
+    *, occurrence: Occurrence, reviewer: User, reason: str, via: str = "", batch: str = ""
 ) -> Occurrence:
-    """Reject a pending request. The reason reaches the agent when it asks for its token."""
+    """Reject a pending request. The reason reaches the agent when it asks for its token.
+    ``via`` and ``batch`` as for ``occurrence_approve``."""
     reason = (reason or "").strip()
     if not reason:
         raise InputError("reason_required", "Say why you reject this request.", "reason")
@@ -190,7 +194,11 @@ def occurrence_reject(
                 actor=username_of(reviewer),
                 decision=EventDecision.REJECTED,
                 reason_code=EventReason.REJECTED_BY_REVIEWER,
-                data={"reason": reason, **({"via": via} if via else {})},
+                data={
+                    "reason": reason,
+                    **({"via": via} if via else {}),
+                    **({"batch": batch} if batch else {}),
+                },
             )
         )
     occ.refresh_from_db()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -35,10 +37,39 @@ STATE_CHOICES = [
 STATE_ALIASES = {PanelState.CONSUMED.value: Occurrence.Status.CLAIMED.value}
 
 
+@dataclass(frozen=True)
+class InboxNarrowing:
+    """The inbox's filters beside tool and state: who asked, in which run, for how much (an
+    amount range in the request's own currency's major units, ``amount_minor`` read from
+    the arguments). Empty: not filtered."""
+
+    requester: str = ""
+    run: str = ""
+    amount_min: Decimal | None = None
+    amount_max: Decimal | None = None
+
+    def query(self) -> dict[str, str]:
+        """As the inbox's query string (links, the poll), set fields only."""
+        fields = {
+            "requester": self.requester,
+            "run": self.run,
+            "amount_min": "" if self.amount_min is None else str(self.amount_min),
+            "amount_max": "" if self.amount_max is None else str(self.amount_max),
+        }
+        return {k: v for k, v in fields.items() if v}
+
+
+_AMOUNT = {"max_digits": 18, "decimal_places": 4, "min_value": 0}
+
+
 class InboxFilterForm(forms.Form):
     tool = forms.ChoiceField(required=False)
     state = forms.ChoiceField(required=False, choices=STATE_CHOICES)
     page = forms.IntegerField(required=False, min_value=1)
+    requester = forms.CharField(required=False, max_length=150)
+    run = forms.CharField(required=False, max_length=200)
+    amount_min = forms.DecimalField(required=False, **_AMOUNT)  # type: ignore[arg-type]
+    amount_max = forms.DecimalField(required=False, **_AMOUNT)  # type: ignore[arg-type]
 
     def __init__(self, data: Any = None, *args: Any, tools: list[str], **kwargs: Any) -> None:
         if data is not None and data.get("state") in STATE_ALIASES:
@@ -57,6 +88,17 @@ class InboxFilterForm(forms.Form):
         tool = data.get("tool") or ""
         state = data.get("state") or Occurrence.Status.PENDING_REVIEW.value
         return tool, state
+
+    def narrowing(self) -> InboxNarrowing:
+        """Requester, run and amount range; a field that is not valid is left out."""
+        self.is_valid()
+        data = self.cleaned_data
+        return InboxNarrowing(
+            requester=(data.get("requester") or "").strip(),
+            run=(data.get("run") or "").strip(),
+            amount_min=data.get("amount_min"),
+            amount_max=data.get("amount_max"),
+        )
 
 
 class ApproveForm(forms.Form):

@@ -12,6 +12,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.models import Occurrence
+from approvals.reviews.bulk import BULK_MAX
 from approvals.reviews.selectors import inbox_tools
 from approvals.web.forms import (
     STATE_ALL,
@@ -49,6 +50,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     tools = {contract.name: contract.pk for contract in contracts.values()}
     form = InboxFilterForm(request.GET, tools=list(tools))
     tool, state = form.filters()
+    narrowing = form.narrowing()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
     went_wrong = state == STATE_WENT_WRONG
     query = InboxQuery(
@@ -56,6 +58,10 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         tool_id=tools.get(tool),
         status=(Occurrence.Status.CLAIMED if went_wrong else ("" if state == STATE_ALL else state)),
         went_wrong_for=request.user.pk if went_wrong else None,
+        requested_by=narrowing.requester,
+        run_id=narrowing.run,
+        amount_min=narrowing.amount_min,
+        amount_max=narrowing.amount_max,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
     total, last_change = inbox_total(query)
@@ -70,7 +76,13 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         last_event_id=inbox_last_event(query, offset=offset, limit=INBOX_PAGE_SIZE),
     )
     rendered = inbox_stamp(
-        fresh, tenant_ids=tenant_ids, tool=tool, state=state, page=number, now=timezone.now()
+        fresh,
+        tenant_ids=tenant_ids,
+        tool=tool,
+        state=state,
+        page=number,
+        now=timezone.now(),
+        narrowing=narrowing.query(),
     )
     if request.htmx and request.GET.get("rendered") == rendered:
         return HttpResponse(status=204)
@@ -88,6 +100,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         page=number,
         total=total,
         rendered=rendered,
+        narrowing=narrowing.query(),
     )
     context = {
         **chrome(request, access),
@@ -97,10 +110,16 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "show_tenant": scope is None and len(access.tenants) > 1,
         "has_access": bool(access.tenants),
+        "narrowing": narrowing,
+        "bulk_max": BULK_MAX,
     }
     context["rows_html"] = render_rows(
         "approvals/inbox_rows.html",
-        {"rows": context.get("rows", []), "show_tenant": context["show_tenant"]},
+        {
+            "rows": context.get("rows", []),
+            "show_tenant": context["show_tenant"],
+            "selectable": state == Occurrence.Status.PENDING_REVIEW,
+        },
     )
     if request.htmx and not request.htmx.history_restore_request:
         return render(request, "approvals/inbox.html#inbox-list", context)

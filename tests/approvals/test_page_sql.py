@@ -4,6 +4,7 @@ runs): the same rows, related objects, annotations and lists, for each set of va
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from django.db import connection
 from approvals.models import AuditEvent, Occurrence, Tenant
 from approvals.web.selectors import review as review_reads
 from approvals.web.selectors.review import Reviewed, review_get
-from tests.conftest import Runtime, make_runtime
+from tests.conftest import REFUND_ARGS, Runtime, make_runtime
 
 pytestmark = pytest.mark.django_db
 
@@ -140,6 +141,12 @@ def test_the_inbox_reads_answer_as_their_orm_twins(
 
     for n in range(4):
         runtime.propose(run_id=f"run-{n}")
+    runtime.propose(
+        run_id="run-yen", arguments={**REFUND_ARGS, "amount_minor": 900, "currency": "JPY"}
+    )
+    runtime.propose(
+        run_id="run-kwd", arguments={**REFUND_ARGS, "amount_minor": 90500, "currency": "KWD"}
+    )
     make_runtime(other_tenant, "theirs").propose()
     mine = runtime.key.tenant_id
     refund = ToolContract.objects.get(name="issue_refund").pk
@@ -150,6 +157,13 @@ def test_the_inbox_reads_answer_as_their_orm_twins(
         InboxQuery([mine], status=Occurrence.Status.PENDING_REVIEW),
         InboxQuery([mine], tool_id=refund, status=Occurrence.Status.APPROVED),
         InboxQuery([]),
+        # The requester, run and amount filters (bulk review's selection).
+        InboxQuery([mine], run_id="run-yen"),
+        InboxQuery([mine], requested_by="nobody"),
+        InboxQuery([mine], amount_min=Decimal("80")),
+        InboxQuery([mine], amount_min=Decimal("80.01")),
+        InboxQuery([mine], amount_max=Decimal("90.5")),
+        InboxQuery([mine], amount_min=Decimal("1"), amount_max=Decimal("900")),
     ]
 
     def twin(read: Any) -> Any:
@@ -175,6 +189,11 @@ def test_the_inbox_reads_answer_as_their_orm_twins(
             assert sorted(_row(a).items() for a in read[2]) == sorted(
                 _row(a).items() for a in orm[2]
             )
+    # EUR 80.00 (5 of them, one approved), JPY 900, KWD 90.500: the range reads each in
+    # its own currency's major units.
+    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80")))[0] == 7
+    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80.01")))[0] == 2
+    assert inbox.inbox_total(InboxQuery([mine], amount_max=Decimal("90.5")))[0] == 6
     contracts = inbox_tools()
     assert [_row(t) for t in contracts.values()] == [
         _row(t) for t in ToolContract.objects.defer("json_schema", "description").order_by("name")

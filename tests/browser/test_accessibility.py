@@ -147,6 +147,10 @@ def test_the_reviewer_pages_in_every_state(
     states = _every_state(runtime, reviewer, admin_user)
     walk.visit("inbox, pending requests", "/reviews/")
     walk.visit("inbox, all states", "/reviews/?state=all")
+    walk.visit(
+        "bulk review, requests of two tools",
+        f"/reviews/bulk/?ids={states.awaiting_quorum}&ids={states.pending}",
+    )
     for state in (
         "pending",
         "awaiting_quorum",
@@ -192,6 +196,7 @@ def test_the_reviewer_pages_in_every_state(
     walk.visit("review, issued, as an admin (revoke form)", f"/reviews/{states.issued}/")
     walk.visit("admin: revocations", "/manage/revocations/")
     walk.visit("admin: runtime keys", "/manage/keys/")
+    walk.visit("admin: review health", "/manage/review-health/")
     walk.assert_clean()
 
 

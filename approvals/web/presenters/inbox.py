@@ -123,15 +123,32 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
 
 
 def inbox_stamp(
-    fresh: InboxFreshness, *, tenant_ids: list[int], tool: str, state: str, page: int, now: datetime
+    fresh: InboxFreshness,
+    *,
+    tenant_ids: list[int],
+    tool: str,
+    state: str,
+    page: int,
+    now: datetime,
+    narrowing: dict[str, str] | None = None,
 ) -> str:
     """The inbox list's stamp, from what ``approvals.web.selectors.inbox.inbox_total`` and
     ``approvals.web.selectors.inbox.inbox_last_event`` read, without the rows. The minute is part of
     it because the rows' ages and an approval's expiry change with the clock."""
     minute = now.replace(second=0, microsecond=0)
-    return stamp(
-        [tenant_ids, tool, state, page, fresh.total, fresh.last_change, fresh.last_event_id, minute]
-    )
+    parts: list[object] = [
+        tenant_ids,
+        tool,
+        state,
+        page,
+        fresh.total,
+        fresh.last_change,
+        fresh.last_event_id,
+        minute,
+    ]
+    if narrowing:  # the requester, run and amount filters (the stamp without them unchanged)
+        parts.append(sorted(narrowing.items()))
+    return stamp(parts)
 
 
 def inbox_list(
@@ -142,11 +159,13 @@ def inbox_list(
     page: int,
     total: int,
     rendered: str,
+    narrowing: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What the inbox list shows; ``rendered`` is the stamp its poll sends back."""
+    """What the inbox list shows; ``rendered`` is the stamp its poll sends back;
+    ``narrowing`` the requester, run and amount filters, kept in its links."""
     now = timezone.now()
     rows = [inbox_row(occurrence, now) for occurrence in occurrences]
-    filters = {"tool": tool, "state": state}
+    filters = {"tool": tool, "state": state, **(narrowing or {})}
     state_label = dict(STATE_CHOICES)[state]
     counted = "requests in all states" if state == STATE_ALL else state_label.lower()
     if state == STATE_WENT_WRONG:

@@ -3,9 +3,11 @@ the stamp that tells a poll whether anything changed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import (
@@ -19,6 +21,7 @@ from django.db.models import (
 )
 
 from approvals import vocabulary
+from approvals.canonical.money import CURRENCIES, currency_exponent, is_amount
 from approvals.models import (
     Approval,
     AuditEvent,
@@ -60,6 +63,60 @@ class InboxQuery:
     # "My approvals that went wrong": only occurrences this user voted for whose command
     # failed, is unknown or was interrupted.
     went_wrong_for: int | None = None
+    # Who asked and in which run (exact), and an amount range (``amount_in_range``).
+    requested_by: str = ""
+    run_id: str = ""
+    amount_min: Decimal | None = None
+    amount_max: Decimal | None = None
+
+    @property
+    def by_amount(self) -> bool:
+        return self.amount_min is not None or self.amount_max is not None
+
+
+# The amount the inbox's amount range reads: the arguments' top-level ``amount_minor``,
+# with their ``currency`` (integer minor units beside an ISO 4217 code, the house form of
+# money), compared in that currency's major units: 500 is EUR 500.00 and JPY 500.
+AMOUNT_ARGUMENT, CURRENCY_ARGUMENT = "amount_minor", "currency"
+
+
+def amount_in_range(arguments: dict[str, Any], low: Decimal | None, high: Decimal | None) -> bool:
+    """Whether a request's amount is within [low, high]; one without an amount in an ISO
+    4217 currency is not (the ORM twin of ``_AMOUNT_SQL``)."""
+    amount = arguments.get(AMOUNT_ARGUMENT)
+    exponent = currency_exponent(arguments.get(CURRENCY_ARGUMENT))
+    if not isinstance(amount, int) or not is_amount(AMOUNT_ARGUMENT, amount) or exponent is None:
+        return False
+    major = Decimal(amount) / (10**exponent)
+    return (low is None or major >= low) and (high is None or major <= high)
+
+
+def _factors() -> str:
+    """A SQL CASE: 10 to the power of the currency ``c``'s exponent, NULL for no currency."""
+    by_exponent: dict[int, list[str]] = {}
+    for code, exponent in CURRENCIES.items():
+        assert re.fullmatch(r"[A-Z]{3}", code)  # the ISO list's own codes, never input
+        by_exponent.setdefault(exponent, []).append(f"'{code}'")
+    cases = " ".join(
+        f"WHEN c IN ({', '.join(sorted(codes))}) THEN {10**exponent}"
+        for exponent, codes in sorted(by_exponent.items())
+    )
+    return f"CASE {cases} END"
+
+
+# The current version's amount in major units, for the amount range: NULL (never in range)
+# without an integer amount in an ISO 4217 currency.
+_AMOUNT_SQL = f"""
+ AND EXISTS (SELECT 1 FROM approvals_proposal p,
+                LATERAL (SELECT p.canonical_action::jsonb -> 'arguments' AS args) j,
+                LATERAL (SELECT j.args ->> '{CURRENCY_ARGUMENT}' AS c) k
+              WHERE p.occurrence_id = o.id AND p.is_current
+                AND (CASE WHEN jsonb_typeof(j.args -> '{AMOUNT_ARGUMENT}') = 'number'
+                          THEN (j.args ->> '{AMOUNT_ARGUMENT}')::numeric END)
+                    / ({_factors()}) BETWEEN %s AND %s)"""  # noqa: S608 (no input in the text)
+
+# Bounds for an open end of the range, beyond any amount.
+_NO_BOUND = Decimal("1e30")
 
 
 def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
@@ -69,6 +126,21 @@ def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
         queryset = queryset.filter(tool_id=query.tool_id)
     if query.status:
         queryset = queryset.filter(status=query.status)
+    if query.requested_by:
+        queryset = queryset.filter(requested_by=query.requested_by)
+    if query.run_id:
+        queryset = queryset.filter(run_id=query.run_id)
+    if query.by_amount:
+        current = Proposal.objects.filter(occurrence__in=queryset, is_current=True)
+        queryset = queryset.filter(
+            pk__in=[
+                pk
+                for pk, canonical in current.values_list("occurrence_id", "canonical_action")
+                if amount_in_range(
+                    Proposal.arguments_of(canonical), query.amount_min, query.amount_max
+                )
+            ]
+        )
     if query.went_wrong_for is not None:
         queryset = queryset.filter(
             Exists(
@@ -92,6 +164,14 @@ def _where(query: InboxQuery) -> tuple[str, list[Any]]:
         sql, params = sql + " AND o.tool_id = %s", [*params, query.tool_id]
     if query.status:
         sql, params = sql + " AND o.status = %s", [*params, query.status]
+    if query.requested_by:
+        sql, params = sql + " AND o.requested_by = %s", [*params, query.requested_by]
+    if query.run_id:
+        sql, params = sql + " AND o.run_id = %s", [*params, query.run_id]
+    if query.by_amount:
+        low = -_NO_BOUND if query.amount_min is None else query.amount_min
+        high = _NO_BOUND if query.amount_max is None else query.amount_max
+        sql, params = sql + _AMOUNT_SQL, [*params, low, high]
     if query.went_wrong_for is not None:
         sql, params = sql + _WENT_WRONG, [*params, query.went_wrong_for]
     return sql, params
