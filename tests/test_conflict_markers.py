@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
 SUFFIXES = {".py", ".md", ".html", ".js", ".css", ".toml", ".txt", ".cfg", ".ini", ".sh", ""}
-MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.MULTILINE)
+# Not =======: a Markdown heading may be underlined with exactly seven.
+MARKER = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)
 
 
 def text_files() -> list[Path]:
