@@ -20,7 +20,7 @@ from langgraph.types import Command as Resume
 from langgraph.types import Command as Update
 
 from approvals.models import Command, Occurrence
-from tests.clients.conftest import edit, reject, run_async
+from tests.clients.conftest import audit_kinds, edit, reject, run_async
 from tests.clients.test_adapters_truth import ConsoleWorker
 from tests.clients.test_langchain_middleware import (
     CASE,
@@ -28,6 +28,9 @@ from tests.clients.test_langchain_middleware import (
     HITL_RESUME,
     REFUND,
     THREAD,
+    ClaimCrashes,
+    Crash,
+    DiesAfterReporting,
     FakeModel,
     calls,
     model,
@@ -205,6 +208,34 @@ def test_an_async_agent_waits_for_a_console_effect_without_blocking_its_loop(
     assert answer.status == "success" and "took effect" in answer.text
     assert len(payments.refunds()) == 1
     assert ticks >= 5  # the loop ran while the claim's effect was awaited (>= 0.5 s)
+
+
+@pytest.mark.parametrize("dies", [ClaimCrashes, DiesAfterReporting])
+def test_an_async_agent_that_died_after_the_approval_resumes_with_one_effect(
+    reviewer: Any, console_factory: Any, dies: type[ApprovalConsole]
+):
+    """Crash recovery under ``ainvoke`` as under ``invoke``: died before the claim (the
+    token is re-delivered to the same execution) or after the effect was reported (it is
+    not run again); a new agent on the same checkpointer resumes with ``ainvoke(None)``."""
+    saver, crm = InMemorySaver(), AsyncCRM()
+    first = console_factory(dies)
+    app = agent(first, model(calls(("close_case", "call_0", CASE))), crm.tools(), GATED, saver)
+    ((_, occurrence_id),) = paused_async(ainvoke(app, {"messages": [HumanMessage("Close.")]}))
+    approve(occurrence_id, reviewer)
+    with pytest.raises(Crash):
+        ainvoke(agent(first, model(), crm.tools(), GATED, saver), HITL_RESUME)
+
+    fake = model(AIMessage("Closed."))
+    restarted = agent(console_factory(), fake, crm.tools(), GATED, saver, effect_timeout=1)
+    result = ainvoke(restarted, None)
+    (answer,) = tool_messages(result)
+    assert answer.status == "success"
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert crm.calls == [(CASE, command.idempotency_key)]
+    assert command.state == Command.State.COMMITTED
+    kinds = audit_kinds(occurrence_id)
+    assert kinds.count("claim.approved") == 1
+    assert kinds.count("token.redelivered") == (1 if dies is ClaimCrashes else 0)
 
 
 # -- allowed_decisions ----------------------------------------------------------------------
