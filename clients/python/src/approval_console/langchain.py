@@ -237,8 +237,8 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         else:
             message = (
                 f"A reviewer approved {tool} as you proposed it, but this agent runs {tool} "
-                f"only after a reviewer's edit ({', '.join(allowed)}), so it was not run. "
-                "Do not retry it; tell the user."
+                "only after a reviewer's edit, so it was not run. Do not retry it; tell the "
+                "user."
             )
         refused = Outcome(
             "refused",
