@@ -6,6 +6,7 @@ the middleware refuses. The real ``langchain`` package, fake models and a live c
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,6 +141,37 @@ def test_an_async_agent_runs_the_approved_call_once_with_its_key(
     assert result["messages"][-1].text == "Case 77 is closed."
 
 
+def test_an_async_agent_streamed_with_astream_pauses_and_runs_once(
+    console: ApprovalConsole, reviewer: Any
+):
+    """``astream`` as ``ainvoke``: the stream ends at the pause (an ``__interrupt__``
+    update) and, resumed after the decision, streams the tool's result, run once."""
+    crm = AsyncCRM()
+    fake = model(calls(("close_case", "call_0", CASE)), AIMessage("Case 77 is closed."))
+    app = agent(console, fake, crm.tools(), GATED)
+
+    async def stream(value: Any) -> list[dict[str, Any]]:
+        return [chunk async for chunk in app.astream(value, THREAD, stream_mode="updates")]
+
+    paused = run_async(stream({"messages": [HumanMessage("Close case 77.")]}))
+    (pause,) = [c["__interrupt__"] for c in paused if "__interrupt__" in c]
+    (call,) = pause[0].value["approval_console"]["calls"]
+    approve(call["occurrence_id"], reviewer)
+
+    updates = run_async(stream(HITL_RESUME))
+    told = [
+        m
+        for update in updates
+        for node in update.values()
+        if isinstance(node, dict)
+        for m in node.get("messages", [])
+        if isinstance(m, ToolMessage)
+    ]
+    assert [m.text for m in told] == ["case_77 closed"]
+    (command,) = Command.objects.all()
+    assert crm.calls == [(CASE, command.idempotency_key)]
+
+
 def test_an_async_agent_tells_the_model_the_edit_and_the_rejection(
     console: ApprovalConsole, reviewer: Any, second_reviewer: Any
 ):
@@ -208,6 +240,39 @@ def test_an_async_agent_waits_for_a_console_effect_without_blocking_its_loop(
     assert answer.status == "success" and "took effect" in answer.text
     assert len(payments.refunds()) == 1
     assert ticks >= 5  # the loop ran while the claim's effect was awaited (>= 0.5 s)
+
+
+def test_many_calls_of_a_sync_tool_in_one_async_turn_all_run(
+    console: ApprovalConsole, reviewer: Any
+):
+    """More gated calls of a plain (sync) tool in one message than the event loop's default
+    executor has threads (LangChain runs sync tools there under ``ainvoke``): the
+    middleware's own waits do not hold those threads, so every tool gets one to run in."""
+    crm, count = CRM(), 12
+    cases = [{"case_id": f"case_{n}"} for n in range(count)]
+    fake = model(
+        calls(*(("close_case", f"call_{n}", c) for n, c in enumerate(cases))), AIMessage("All.")
+    )
+    app = agent(console, fake, crm.tools(), GATED)
+    pauses = paused_async(ainvoke(app, {"messages": [HumanMessage("Close them all.")]}))
+    assert len(pauses) == count
+    for _, occurrence_id in pauses:
+        approve(occurrence_id, reviewer)
+
+    # In a daemon thread joined with a timeout: were the executor's threads held, the
+    # loop would never finish (nor could asyncio.run shut it down), and the test must fail,
+    # not hang.
+    out: list[Any] = []
+    resumed = threading.Thread(
+        target=lambda: out.append(asyncio.run(app.ainvoke(HITL_RESUME, THREAD))), daemon=True
+    )
+    resumed.start()
+    resumed.join(240)
+    assert not resumed.is_alive(), "the agent deadlocked on the loop's default executor"
+    (result,) = out
+    assert sorted(a["case_id"] for a, _ in crm.calls) == sorted(c["case_id"] for c in cases)
+    assert [m.status for m in tool_messages(result)] == ["success"] * count
+    assert Command.objects.filter(state=Command.State.COMMITTED).count() == count
 
 
 @pytest.mark.parametrize("dies", [ClaimCrashes, DiesAfterReporting])

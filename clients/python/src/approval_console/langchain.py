@@ -58,18 +58,20 @@ it is refused with a ``ValueError`` (``True`` means approve, edit and reject her
 is ``when`` (the tool's contract decides which calls need a reviewer).
 
 Asynchronous agents (``ainvoke``, ``astream``) work too: the async hooks run the console's
-(synchronous) calls and waits in a worker thread, so the event loop is never blocked, and
-the tool itself runs on the loop.
+(synchronous) calls and waits in a thread of their own, so the event loop is never blocked,
+and the tool itself runs on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from langchain.agents.middleware import (
     AgentMiddleware,
@@ -100,6 +102,8 @@ _KEY: ContextVar[str | None] = ContextVar("approval_console_idempotency_key", de
 DEFAULT_DESCRIPTION_PREFIX = "Tool execution requires approval"
 # What the console's reviewers can do: approve, edit (then approve), reject.
 CONSOLE_DECISIONS: tuple[DecisionType, ...] = ("approve", "edit", "reject")
+
+T = TypeVar("T")
 
 Description = str | Callable[[ToolCall, AgentState[Any], Runtime[Any]], str]
 
@@ -379,18 +383,18 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     async def aafter_model(
         self, state: AgentState[Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        """:meth:`after_model` in a worker thread (its proposals and reads are blocking
-        HTTP calls); the graph's config travels with the thread's context, so the pause is
-        the graph's ``interrupt``."""
-        return await asyncio.to_thread(self.after_model, state, runtime)
+        """:meth:`after_model` in a thread of its own (its proposals and reads are
+        blocking HTTP calls); the graph's config travels with the thread's context, so the
+        pause is the graph's ``interrupt``."""
+        return await _in_own_thread(self.after_model, state, runtime)
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        """:meth:`wrap_tool_call` in a worker thread; the tool (``handler``) still runs on
-        the event loop, once, between the claim and the effect report, with
+        """:meth:`wrap_tool_call` in a thread of its own; the tool (``handler``) still runs
+        on the event loop, once, between the claim and the effect report, with
         :func:`idempotency_key` set."""
         if request.tool_call["name"] not in self.interrupt_on:
             return await handler(request)
@@ -404,7 +408,36 @@ class ConsoleApprovalMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             # context: the idempotency key set around the call is visible in the tool.
             return asyncio.run_coroutine_threadsafe(run(), loop).result()
 
-        return await asyncio.to_thread(self.wrap_tool_call, request, on_the_loop)
+        return await _in_own_thread(self.wrap_tool_call, request, on_the_loop)
+
+
+async def _in_own_thread(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a new thread, in a copy of this context, awaited. Not the loop's
+    default executor (``asyncio.to_thread``): under ``ainvoke`` LangChain runs sync tools
+    there, and a gated call that held one of its few threads while its tool waits for
+    another would deadlock a message with more gated calls than the executor has threads."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.done():
+            return  # the awaiting task was cancelled
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(cast(T, result))
+
+    def run() -> None:
+        try:
+            result, error = context.run(func, *args), None
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="approval-console-middleware", daemon=True).start()
+    return await done
 
 
 def _checked(tool: str, config: Mapping[str, Any]) -> InterruptOnConfig:
