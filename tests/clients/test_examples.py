@@ -213,6 +213,38 @@ def test_langgraph_example_tells_the_model_the_rejection(
 
 @pytest.mark.slow
 @examples
+def test_langchain_example_runs_the_approved_call_once(
+    live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path
+):
+    finished = run_example(
+        "langchain_agent.py", live_server, runtime, tmp_path, lambda pk: approve(pk, reviewer)
+    )
+    the_case_was_closed_once(finished, "lc-thread-1")
+    lines = finished.stdout.splitlines()
+    assert lines[-2] == "tool (success): case_77 closed", finished.explain()
+    assert lines[-1] == "model: Case 77 is closed."
+
+
+@pytest.mark.slow
+@examples
+def test_langchain_example_tells_the_model_the_rejection(
+    live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path
+):
+    finished = run_example(
+        "langchain_agent.py",
+        live_server,
+        runtime,
+        tmp_path,
+        lambda pk: reject(pk, reviewer, REASON),
+    )
+    nothing_ran(finished)
+    assert any(
+        line.startswith("tool (error):") and REASON in line for line in finished.stdout.splitlines()
+    ), finished.explain()
+
+
+@pytest.mark.slow
+@examples
 def test_agents_sdk_example_resumes_the_saved_state_and_runs_the_approved_call(
     live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path
 ):

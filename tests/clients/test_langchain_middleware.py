@@ -8,11 +8,13 @@ recovered from the checkpointer without a second effect."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from pydantic import Field
 
 from approvals.models import Command, Occurrence
 from tests.clients.conftest import audit_kinds, edit, reject
-from tests.clients.test_adapters_truth import ConsoleWorker
+from tests.clients.test_adapters_truth import ConsoleWorker, Watched, in_thread, only_answer
 from tests.conftest import approve
 from tests.demo.sandbox_fixture import ROOT, SandboxProcess
 
@@ -163,27 +165,44 @@ def test_approve_runs_the_tool_once_after_the_claim_with_its_key(
     assert occurrence.run_id == "lc-thread-1" and "call_0" in occurrence.client_ref
 
 
+@pytest.mark.parametrize(
+    ("fault", "status", "says", "refunds"),
+    [
+        (None, "success", "took effect", 1),
+        # D1: the payments service declines the approved refund: no success for the model.
+        ("declined", "error", "Nothing took effect", 0),
+    ],
+)
 def test_approve_of_a_console_executed_refund_reports_its_effect(
-    live_server: Any, runtime: Any, reviewer: Any, payments: SandboxProcess
+    live_server: Any,
+    runtime: Any,
+    reviewer: Any,
+    payments: SandboxProcess,
+    fault: str | None,
+    status: str,
+    says: str,
+    refunds: int,
 ):
     client = ConsoleWorker(live_server.url, runtime.raw_key, long_poll=True)
     saver, crm = InMemorySaver(), CRM()
-    fake = model(calls(("issue_refund", "call_0", REFUND)), AIMessage("Refunded."))
+    fake = model(calls(("issue_refund", "call_0", REFUND)), AIMessage("Told the user."))
     app = agent(client, saver, fake, crm, effect_timeout=20)
     (occurrence_id,) = start(app, "Refund my parcel.")
     approve(occurrence_id, reviewer)
+    payments.fault(fault)
 
     result = app.invoke(HITL_RESUME, THREAD)
     for worker in client.threads:
         worker.join()
     client.close()
     (answer,) = tool_messages(result)
-    assert answer.status == "success" and "took effect" in answer.text
-    assert len(payments.refunds()) == 1
+    assert answer.status == status and says in answer.text
+    assert "Approved" not in answer.text
+    assert len(payments.refunds()) == refunds
     (command,) = Command.objects.filter(occurrence_id=occurrence_id)
     assert command.executed_by == "console"
     assert audit_kinds(occurrence_id).count("claim.approved") == 1
-    assert "took effect" in shown(fake)[0].text
+    assert says in shown(fake)[0].text
 
 
 def test_edit_runs_the_reviewers_arguments_and_tells_the_model(
@@ -255,6 +274,109 @@ def test_reject_runs_nothing_and_the_model_sees_the_reason(console: ApprovalCons
     assert Occurrence.objects.count() == 1
     assert "The customer is still waiting for a refund." in shown(fake)[-1].text
     assert result["messages"][-1].text == "I will not close it."
+
+
+def test_after_a_lost_checkpoint_a_rejected_call_is_answered_without_a_proposal(
+    console: ApprovalConsole, reviewer: Any
+):
+    """D4 through the middleware: the thread's checkpoints are gone and the model asks
+    again for the rejected action; the earlier reason answers it, nothing is proposed."""
+    crm = CRM()
+    (occurrence_id,) = start(
+        agent(console, InMemorySaver(), model(calls(("close_case", "call_0", CASE))), crm)
+    )
+    reject(occurrence_id, reviewer, "Case 77 has an open refund.")
+
+    fake = model(calls(("close_case", "call_1", CASE)), AIMessage("It stays open."))
+    result = agent(console, InMemorySaver(), fake, crm).invoke(
+        {"messages": [HumanMessage("Close case 77, please.")]}, THREAD
+    )
+    assert "__interrupt__" not in result
+    (answer,) = tool_messages(result)
+    assert answer.status == "error" and "already rejected" in answer.text
+    assert "Case 77 has an open refund." in answer.text and ".." not in answer.text
+    assert Occurrence.objects.count() == 1 and crm.calls == []
+
+
+def test_a_call_id_reused_in_a_later_turn_for_another_case_is_a_new_request(
+    console: ApprovalConsole, reviewer: Any
+):
+    """D6 through the middleware: ``call_0`` again in the next turn, for case 78, is a
+    new request (no ClientRefConflict), and each case is closed once."""
+    saver, crm = InMemorySaver(), CRM()
+    fake = model(
+        calls(("close_case", "call_0", CASE)),
+        AIMessage("Closed 77."),
+        calls(("close_case", "call_0", {"case_id": "case_78"})),
+        AIMessage("Closed 78."),
+    )
+    app = agent(console, saver, fake, crm)
+    (first,) = start(app)
+    approve(first, reviewer)
+    assert app.invoke(HITL_RESUME, THREAD)["messages"][-1].text == "Closed 77."
+    (second,) = start(app, "And case 78.")
+    assert second != first
+    approve(second, reviewer)
+    result = app.invoke(HITL_RESUME, THREAD)
+    assert result["messages"][-1].text == "Closed 78."
+    assert [arguments for arguments, _ in crm.calls] == [CASE, {"case_id": "case_78"}]
+    assert Command.objects.filter(state=Command.State.COMMITTED).count() == 2
+
+
+class SlowCRM(CRM):
+    """close_case holds until released: the first process is still running it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.release = threading.Event(), threading.Event()
+
+    def tools(self) -> list[Any]:
+        @tool
+        def close_case(case_id: str) -> str:
+            """Close a support case."""
+            self.running.set()
+            assert self.release.wait(30)
+            self.calls.append(({"case_id": case_id}, idempotency_key()))
+            return f"{case_id} closed"
+
+        return [close_case, *super().tools()[1:]]
+
+
+def test_a_second_process_resuming_the_thread_waits_for_the_first(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D5 through the middleware: two processes resume the same thread from its
+    checkpoints; the first claimed and is still running the tool when the second finds the
+    claim. The second waits for the first's effect and tells the model that: no second
+    run, no report of its own, no outcome_unknown in the audit."""
+    url, key, crm = live_server.url, runtime.raw_key, SlowCRM()
+    first, second = Watched(url, key, long_poll=True), Watched(url, key, long_poll=True)
+    saver = InMemorySaver()
+    (occurrence_id,) = start(agent(first, saver, model(calls(("close_case", "call_0", CASE))), crm))
+    approve(occurrence_id, reviewer)
+
+    def resumer(client: ApprovalConsole) -> Any:
+        app = agent(client, copy.deepcopy(saver), model(AIMessage("Done.")), crm, effect_timeout=20)
+        return lambda: app.invoke(HITL_RESUME, THREAD)
+
+    winner, won = in_thread(resumer(first))
+    assert crm.running.wait(30)
+    loser, lost = in_thread(resumer(second))
+    assert second.waiting.wait(30)
+    crm.release.set()
+    winner.join(60)
+    loser.join(60)
+    first.close()
+    second.close()
+
+    assert only_answer(won).status == "success"
+    late = only_answer(lost)
+    assert late.status == "success" and "already executed" in late.text
+    assert len(crm.calls) == 1
+    assert (first.reports, second.reports) == (1, 0)
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert command.state == Command.State.COMMITTED
+    assert not [k for k in audit_kinds(occurrence_id) if "unknown" in k]
 
 
 def test_calls_of_one_message_are_proposed_together_and_decided_separately(

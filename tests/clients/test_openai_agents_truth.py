@@ -4,6 +4,7 @@ process sharing only the saved ``RunState``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,7 +20,8 @@ from django.db import connection
 
 from approvals.models import Command, Occurrence
 from reconciliation.dispatch import command_dispatch
-from tests.clients.conftest import CASE_ARGS, approve, edit, reject, run_async
+from tests.clients.conftest import CASE_ARGS, approve, audit_kinds, edit, reject, run_async
+from tests.clients.test_adapters_truth import in_thread
 from tests.clients.test_openai_agents import Effects, Process, first_phase, resume
 from tests.demo.sandbox_fixture import SandboxProcess
 
@@ -219,3 +221,127 @@ def test_a_declined_console_refund_is_no_success_to_the_model(
     assert "Approved" not in output
     assert payments.refunds() == []
     assert Command.objects.get(occurrence_id=occurrence_id).state == Command.State.REJECTED
+
+
+class Blocking(Effects):
+    """A CRM call that holds until released: the winner is still running the tool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.release = threading.Event(), threading.Event()
+
+    async def __call__(self, arguments: Mapping[str, Any], idempotency_key: str) -> str:
+        self.running.set()
+        assert await asyncio.to_thread(self.release.wait, 30)
+        return await super().__call__(arguments, idempotency_key)
+
+
+class Watched(AsyncApprovalConsole):
+    """A process's client: tells when it starts waiting for an effect, can hold its claim,
+    and counts its effect reports (on its class: the process builds the instance)."""
+
+    waiting: threading.Event
+    reports: int
+    hold_claim: tuple[threading.Event, threading.Event] | None
+
+    async def watch(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).waiting.set()
+        return await super().watch(*args, **kwargs)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        hold = type(self).hold_claim
+        if hold is not None:
+            picked, go = hold
+            picked.set()
+            assert await asyncio.to_thread(go.wait, 30)
+        return await super().claim(*args, **kwargs)
+
+    async def report_effect(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).reports += 1
+        return await super().report_effect(*args, **kwargs)
+
+
+def watched() -> type[Watched]:
+    """The client class of one process, with its own counters."""
+
+    class OneProcess(Watched):
+        waiting = threading.Event()
+        reports = 0
+        hold_claim = None
+
+    return OneProcess
+
+
+def resumed_in_thread(
+    url: str, key: str, saved: dict[str, Any], effects: Effects, client: type[Any]
+) -> tuple[threading.Thread, list[Any]]:
+    """A process resuming the saved state (its own client, bridge, agent and loop)."""
+    return in_thread(
+        lambda: resume(url, key, saved, [[assistant_message("Done.")]], effects, client)
+    )
+
+
+def outcome_of(out: list[Any]) -> Any:
+    ((_, result, process),) = out
+    assert result.final_output == "Done."
+    (outcome,) = process.bridge.outcomes
+    return outcome
+
+
+def test_a_second_process_resuming_the_same_state_waits_for_the_first(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D5 through the bridge: two processes resume one saved state. The winner claimed and
+    is still running the tool when the loser's tool starts: the loser waits for the
+    winner's effect and tells the model that; no UserError, no outcome_unknown, no second
+    effect, no report of its own."""
+    url, key, crm = live_server.url, runtime.raw_key, Blocking()
+    saved, occurrence_id = first_phase(url, key, crm)
+    approve(occurrence_id, reviewer)
+    first, second = watched(), watched()
+
+    winner, won = resumed_in_thread(url, key, saved, crm, first)
+    assert crm.running.wait(30)
+    loser, lost = resumed_in_thread(url, key, saved, crm, second)
+    assert second.waiting.wait(30)
+    crm.release.set()
+    winner.join(60)
+    loser.join(60)
+
+    assert outcome_of(won).status == "executed"
+    late = outcome_of(lost)
+    assert late.status == "already_executed" and "already executed" in late.message
+    assert len(crm.calls) == 1
+    assert (first.reports, second.reports) == (1, 0)
+    (command,) = Command.objects.filter(occurrence_id=occurrence_id)
+    assert command.state == Command.State.COMMITTED
+    assert not [k for k in audit_kinds(occurrence_id) if "unknown" in k]
+
+
+def test_a_process_whose_token_was_picked_up_again_waits_instead_of_raising(
+    live_server: Any, runtime: Any, reviewer: Any
+):
+    """D5: the first process picked the token up; before it claimed, a second one of the
+    same execution picked it up again (voiding the first's) and ran the tool. The first's
+    claim is refused as replayed: it waits for the second's outcome and reports nothing."""
+    url, key, crm = live_server.url, runtime.raw_key, Effects()
+    saved, occurrence_id = first_phase(url, key, crm)
+    approve(occurrence_id, reviewer)
+    first, second = watched(), watched()
+    picked, go = threading.Event(), threading.Event()
+    first.hold_claim = (picked, go)
+
+    slow, slow_out = resumed_in_thread(url, key, saved, crm, first)
+    assert picked.wait(30)
+    fast, fast_out = resumed_in_thread(url, key, saved, crm, second)
+    fast.join(60)
+    go.set()
+    slow.join(60)
+
+    assert outcome_of(fast_out).status == "executed"
+    late = outcome_of(slow_out)
+    assert late.status == "already_executed" and "already executed" in late.message
+    assert len(crm.calls) == 1
+    assert (first.reports, second.reports) == (0, 1)
+    kinds = audit_kinds(occurrence_id)
+    assert kinds.count("claim.approved") == 1 and kinds.count("token.redelivered") == 1

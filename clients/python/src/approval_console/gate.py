@@ -297,19 +297,40 @@ def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def with_edit(outcome: Outcome, proposed: Mapping[str, Any] | None) -> Outcome:
+# The last sentence of the note on a reviewer's edit (``edit_notice`` replaces it).
+EDIT_NOTICE = (
+    "The changed call is the one approved; tell the user what actually happened, not what "
+    "you asked for."
+)
+
+
+def edit_note(
+    edited_by: str,
+    proposed: Mapping[str, Any] | None,
+    arguments: Mapping[str, Any],
+    notice: str = EDIT_NOTICE,
+) -> str:
+    """``A reviewer (rita) changed the arguments you proposed before approving:
+    amount_minor from 7700 to 5000.`` and ``notice``: what an edit changed, for the model."""
+    changes = _changes(proposed, arguments) if proposed is not None else ""
+    what = changes or f"they are now {_show(arguments)}"
+    return (
+        f"A reviewer ({edited_by}) changed the arguments you proposed before approving: "
+        f"{what}. {notice}"
+    ).strip()
+
+
+def with_edit(
+    outcome: Outcome, proposed: Mapping[str, Any] | None, *, notice: str | None = EDIT_NOTICE
+) -> Outcome:
     """The outcome, its message saying so when a reviewer changed the arguments the model
-    proposed (and to what): the model must not report its own draft as what happened."""
-    if not outcome.edited_by or outcome.status not in _AFTER_APPROVAL:
+    proposed (and to what): the model must not report its own draft as what happened.
+    ``notice`` is the note's last sentence; None adds no note (the caller's choice, as
+    LangChain's ``edit_notice=None``)."""
+    if not outcome.edited_by or outcome.status not in _AFTER_APPROVAL or notice is None:
         return outcome
-    changes = _changes(proposed, outcome.arguments) if proposed is not None else ""
-    what = changes or f"they are now {_show(outcome.arguments)}"
-    note = (
-        f" A reviewer ({outcome.edited_by}) changed the arguments you proposed before "
-        f"approving: {what}. The changed call is the one approved; tell the user what "
-        "actually happened, not what you asked for."
-    )
-    return replace(outcome, message=outcome.message + note)
+    note = edit_note(outcome.edited_by, proposed, outcome.arguments, notice)
+    return replace(outcome, message=f"{outcome.message} {note}")
 
 
 def _unknown_detail(exc: BaseException) -> str:
@@ -363,10 +384,12 @@ def run_decided(
     renew_expired: bool = True,
     effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     proposed: Mapping[str, Any] | None = None,
+    edit_notice: str | None = EDIT_NOTICE,
 ) -> Outcome:
     """Run ``execute(arguments, idempotency_key)`` for a decided occurrence, at most once;
     for a console-executed tool, wait up to ``effect_timeout`` seconds for its effect.
-    ``proposed``: the arguments the model asked for, to name a reviewer's changes."""
+    ``proposed``: the arguments the model asked for, to name a reviewer's changes;
+    ``edit_notice``: the last sentence of that note (None: no note)."""
     outcome = _run_decided(
         client,
         occurrence,
@@ -375,7 +398,7 @@ def run_decided(
         renew_expired=renew_expired,
         effect_timeout=effect_timeout,
     )
-    return with_edit(outcome, proposed)
+    return with_edit(outcome, proposed, notice=edit_notice)
 
 
 def _run_decided(
@@ -477,6 +500,7 @@ async def arun_decided(
     renew_expired: bool = True,
     effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
     proposed: Mapping[str, Any] | None = None,
+    edit_notice: str | None = EDIT_NOTICE,
 ) -> Outcome:
     """:func:`run_decided` for the async client and an async tool."""
     outcome = await _arun_decided(
@@ -487,7 +511,7 @@ async def arun_decided(
         renew_expired=renew_expired,
         effect_timeout=effect_timeout,
     )
-    return with_edit(outcome, proposed)
+    return with_edit(outcome, proposed, notice=edit_notice)
 
 
 async def _arun_decided(

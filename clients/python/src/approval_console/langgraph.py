@@ -37,7 +37,14 @@ from langgraph.types import interrupt
 
 from approval_console.client import ApprovalConsole
 from approval_console.execution import client_ref_for, execution_id_for
-from approval_console.gate import DEFAULT_EFFECT_TIMEOUT, Execute, Outcome, run_decided, sentence
+from approval_console.gate import (
+    DEFAULT_EFFECT_TIMEOUT,
+    EDIT_NOTICE,
+    Execute,
+    Outcome,
+    run_decided,
+    sentence,
+)
 from approval_console.models import Occurrence
 
 ARTIFACT_KEY = "approval_console"
@@ -77,8 +84,10 @@ class GatedTool:
         attempt: int = 1,
         renew_expired: bool = True,
         effect_timeout: float = DEFAULT_EFFECT_TIMEOUT,
+        edit_notice: str | None = EDIT_NOTICE,
     ) -> None:
         self.client = client
+        self.edit_notice = edit_notice
         self.tool = tool
         self.execute = execute
         self.reason = reason or (lambda call: f"The agent called {call['name']}.")
@@ -151,6 +160,7 @@ class GatedTool:
             renew_expired=self.renew_expired,
             effect_timeout=self.effect_timeout,
             proposed=prepared.call["args"],
+            edit_notice=self.edit_notice,
         )
         if outcome.status in {"pending", "renewed"}:
             return None
