@@ -14,6 +14,12 @@ from approvals.web.revocations import (
     revocations_revoke,
     revoke_fingerprint,
 )
+from approvals.web.routing import (
+    routing,
+    routing_group_save,
+    routing_rule_remove_view,
+    routing_rule_save_view,
+)
 
 app_name = "approvals"
 
@@ -50,6 +56,14 @@ urlpatterns = [
         "manage/revocations/batches/<uuid:batch_id>/",
         revocations_batch,
         name="revocations-batch",
+    ),
+    path("manage/routing/", routing, name="routing"),
+    path("manage/routing/groups", routing_group_save, name="routing-group-save"),
+    path("manage/routing/rules", routing_rule_save_view, name="routing-rule-save"),
+    path(
+        "manage/routing/rules/<int:rule_id>/remove",
+        routing_rule_remove_view,
+        name="routing-rule-remove",
     ),
     path("manage/keys/", keys, name="keys"),
     path("manage/keys/create", keys_create, name="keys-create"),

@@ -84,7 +84,8 @@ def attempt_once(
     final = delivered or sent.give_up or number >= max_attempts
     wait = backoff(number, backoff_seconds)
     with transaction.atomic():
-        attempts._default_manager.create(
+        # Every concrete attempt model has its ``delivery`` (the abstract one cannot).
+        attempts._default_manager.create(  # type: ignore[misc]
             delivery=row,
             number=number,
             started_at=started,

@@ -19,9 +19,11 @@ from approvals.models import (
     Approval,
     ApprovalVote,
     Membership,
+    NotificationEvent,
     Occurrence,
     Proposal,
 )
+from approvals.notifications.outbox import notification_event_create
 from approvals.reviews.deadlines import deadlines_from, require_before_final_deadline
 from approvals.vocabulary import (
     AuditKind,
@@ -161,6 +163,12 @@ def occurrence_approve(
                 },
             )
         )
+        notification_event_create(
+            tenant_id=occ.tenant_id,
+            occurrence_id=occ.pk,
+            kind=NotificationEvent.Kind.DECIDED,
+            outcome=Occurrence.Status.APPROVED,
+        )
     return ApproveOutcome(issued=True, votes=votes, needed=needed, approval=approval)
 
 
@@ -192,6 +200,12 @@ def occurrence_reject(
                 reason_code=EventReason.REJECTED_BY_REVIEWER,
                 data={"reason": reason, **({"via": via} if via else {})},
             )
+        )
+        notification_event_create(
+            tenant_id=occ.tenant_id,
+            occurrence_id=occ.pk,
+            kind=NotificationEvent.Kind.DECIDED,
+            outcome=Occurrence.Status.REJECTED,
         )
     occ.refresh_from_db()
     return occ

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from approvals.models import Occurrence
 from approvals.reviews.selectors import inbox_tools
+from approvals.routing.rules import routed_to_user
 from approvals.web.forms import (
     STATE_ALL,
     STATE_WENT_WRONG,
@@ -51,11 +52,14 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     tool, state = form.filters()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
     went_wrong = state == STATE_WENT_WRONG
+    routed_versions, fallback_versions = routed_to_user(request.user.pk)
     query = InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
         status=(Occurrence.Status.CLAIMED if went_wrong else ("" if state == STATE_ALL else state)),
         went_wrong_for=request.user.pk if went_wrong else None,
+        routed_versions=routed_versions,
+        fallback_versions=fallback_versions,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
     total, last_change = inbox_total(query)
@@ -88,6 +92,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         page=number,
         total=total,
         rendered=rendered,
+        routed=query.is_routed,
     )
     context = {
         **chrome(request, access),

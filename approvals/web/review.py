@@ -37,6 +37,7 @@ from approvals.web.presenters.review import (
     panel_stamp,
     review_page,
 )
+from approvals.web.presenters.routing import routed_by
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.selectors.review import (
@@ -142,6 +143,7 @@ def _render_review(
         "revoke_form": revoke_form,
         "edit_form": edit_form or EditForm(initial=edit_initial(panel.proposal)),
         "edit_errors": edit_errors or [],
+        "routed_by": routed_by(panel.occurrence.routed_by_id),
     }
     return render(opened.request, template, context, status=status)
 
