@@ -6,6 +6,11 @@ from approvals.web import tokens as account_views
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
+from approvals.web.notifications import (
+    notifications,
+    notifications_mark_read,
+    notifications_save,
+)
 from approvals.web.review import approve, edit, panel, reject, review, revoke
 from approvals.web.revocation_batches import revocations_batches
 from approvals.web.revocations import (
@@ -40,6 +45,10 @@ urlpatterns = [
         account_views.access_token_revoke,
         name="access-token-revoke",
     ),
+    # A reviewer's notifications: how each channel tells them, and what it told them.
+    path("account/notifications/", notifications, name="notifications"),
+    path("account/notifications/save", notifications_save, name="notifications-save"),
+    path("account/notifications/read", notifications_mark_read, name="notifications-read"),
     # Admins: revocation (single and bulk) and runtime keys.
     # Admins: revocation (single and bulk) and runtime keys, under their own prefix (the
     # adapter credentials page, reconciliation's, sits beside them at manage/credentials/).

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from approvals.errors import InputError
@@ -72,7 +71,7 @@ def _time(value: str, field: str) -> time | None:
 
 def preference_save(
     *,
-    user: AbstractBaseUser,
+    user_id: int,
     channel: str,
     mode: str,
     digest_minutes: int = 60,
@@ -100,7 +99,7 @@ def preference_save(
         raise InputError("invalid_time", "Give the quiet hours a start and an end.", "quiet_end")
     with transaction.atomic():
         pref, _ = NotificationPreference.objects.select_for_update().get_or_create(
-            user_id=user.pk, channel=channel
+            user_id=user_id, channel=channel
         )
         pref.mode = mode
         pref.digest_minutes = digest_minutes

@@ -138,12 +138,18 @@ def _failing(tenant: Tenant) -> dict[int, list[tuple[str, int, str]]]:
         NotificationDelivery.objects.filter(
             tenant=tenant, group__isnull=False, created_at__gte=since
         )
-        .filter(Q(state=NotificationDelivery.State.FAILED) | Q(attempts__gte=2))
+        # Given up, or failed at its last attempt and waiting for the next.
+        .filter(
+            Q(state=NotificationDelivery.State.FAILED)
+            | (Q(state=NotificationDelivery.State.PENDING) & ~Q(last_error=""))
+        )
         .values("group_id", "channel")
         .annotate(n=Count("pk"), last=Max("created_at"))
     )
     found: dict[int, list[tuple[str, int, str]]] = {}
     for row in rows:
+        if row["n"] < FAILING_AFTER:
+            continue
         last = (
             NotificationDelivery.objects.filter(
                 group_id=row["group_id"], channel=row["channel"], created_at__gte=since
@@ -153,8 +159,7 @@ def _failing(tenant: Tenant) -> dict[int, list[tuple[str, int, str]]]:
             .values_list("last_error", flat=True)
             .first()
         )
-        if row["n"] >= FAILING_AFTER:
-            found.setdefault(row["group_id"], []).append((row["channel"], row["n"], last or ""))
+        found.setdefault(row["group_id"], []).append((row["channel"], row["n"], last or ""))
     return found
 
 
