@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from approvals.web import tokens as account_views
+from approvals.web.demo_outbox import demo_outbox, demo_outbox_catch
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
@@ -83,6 +84,9 @@ urlpatterns = [
         name="key-deactivate",
     ),
     path("manage/keys/<int:key_id>/reactivate", key_reactivate, name="key-reactivate"),
+    # DEBUG only (bin/demo): the notifications sent, as a local catcher received them.
+    path("_demo/outbox", demo_outbox, name="demo-outbox"),
+    path("_demo/outbox/catch/<slug:channel>", demo_outbox_catch, name="demo-outbox-catch"),
     # Their addresses before the move: bookmarks and forms rendered earlier keep working.
     *(
         path(f"operations/{section}/{rest}", moved, {"new": f"/manage/{section}/"})

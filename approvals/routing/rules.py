@@ -87,11 +87,16 @@ def routed_to_user(user_id: int | None) -> tuple[tuple[int, ...], tuple[int, ...
     first. One query."""
     if user_id is None:
         return (), ()
-    mine = RoutingRuleVersion.objects.filter(groups__members__pk=user_id).values_list(
-        "pk", Value(0, output_field=IntegerField())
+    # No ordering in the parts of a UNION (SQLite refuses one; the model has a default).
+    mine = (
+        RoutingRuleVersion.objects.filter(groups__members__pk=user_id)
+        .order_by()
+        .values_list("pk", Value(0, output_field=IntegerField()))
     )
-    fallback = RoutingRuleVersion.objects.filter(fallback_group__members__pk=user_id).values_list(
-        "pk", Value(1, output_field=IntegerField())
+    fallback = (
+        RoutingRuleVersion.objects.filter(fallback_group__members__pk=user_id)
+        .order_by()
+        .values_list("pk", Value(1, output_field=IntegerField()))
     )
     rows = list(mine.union(fallback))
     return (

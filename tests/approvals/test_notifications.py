@@ -387,6 +387,35 @@ def test_no_rule_mails_every_reviewer_of_the_tenant(
     assert not ReviewerGroup.objects.exists()
 
 
+def test_the_demo_outbox_shows_what_was_sent_under_debug_only(
+    runtime: Runtime, routed: Setup, second_reviewer: Any, settings: Any, tmp_path: Any
+) -> None:
+    from django.test import Client
+
+    from tests.approvals.test_views_html import signed_in
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path)
+    client = signed_in(second_reviewer)
+    settings.DEBUG = False
+    assert client.get("/_demo/outbox").status_code == 404
+    assert Client().post("/_demo/outbox/catch/slack", "{}", "application/json").status_code == 404
+
+    settings.DEBUG = True
+    ReviewerGroup.objects.filter(pk=routed.leads.pk).update(
+        webhook_url="", slack_webhook_encrypted=""
+    )
+    propose(runtime, 90000, "demo")
+    assert drain() == ["delivered"]
+    caught = Client().post(
+        "/_demo/outbox/catch/slack", json.dumps({"text": "*Review requested*"}), "application/json"
+    )
+    assert caught.status_code == 204  # a receiver: no CSRF token, as Slack's has none
+    page = client.get("/_demo/outbox").content.decode()
+    assert "Review requested: issue_refund · EUR 900.00" in page
+    assert "ravi@acme.test" in page and "*Review requested*" in page
+
+
 # --- a real worker ------------------------------------------------------------------------------
 
 from django.db import connection  # noqa: E402
@@ -446,3 +475,45 @@ def test_a_real_worker_mails_and_posts_from_the_outbox_and_retries(
         )
     )
     assert statuses == [204, 204, 503]
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a real worker shares PostgreSQL")
+def test_a_real_beat_sends_the_digest_of_what_was_held(
+    runtime: Runtime,
+    routed: Setup,
+    smtp: Mailbox,
+    second_reviewer: Any,
+    broker: Broker,
+    workers: Workers,
+    sandbox_server: SandboxProcess,
+) -> None:
+    preference_save(
+        user_id=second_reviewer.pk, channel=Channel.EMAIL, mode="digest", digest_minutes=60
+    )
+    env: dict[str, Any] = {
+        "CALLBACK_ALLOW_HTTP": 1,
+        "CALLBACK_ALLOW_PRIVATE_HOSTS": 1,
+        "EMAIL_HOST": smtp.host,
+        "EMAIL_PORT": smtp.port,
+        "NOTIFY_DIGEST_SWEEP_SECONDS": 0.5,
+    }
+    workers.start(sandbox_server, **env)
+    propose(runtime, 90000, "held-1")
+    propose(runtime, 95000, "held-2")
+    wait_until(
+        "both to be held for the digest",
+        lambda: NotificationDelivery.objects.filter(channel="email", held=True).count() == 2,
+        timeout=60,
+    )
+    assert smtp.messages == []
+    workers.start_beat(sandbox_server, **env)
+
+    (mail,) = smtp.wait_for(1)
+    text, _ = parts(mail)
+    assert mail["To"] == "ravi@acme.test" and "EUR 900.00" in text and "EUR 950.00" in text
+    assert (
+        NotificationDelivery.objects.filter(channel="email", held=True, state="delivered").count()
+        == 2
+    )
