@@ -312,8 +312,11 @@ def _time_out_in_another_connection(occurrence_id: str) -> None:
     from django.db import connection as thread_connection
 
     try:
-        pass_final_deadline(occurrence_id)
-        assert review_deadlines_apply() == (0, 1)
+        # One transaction: moving the deadline is a change the poll would wake for (and
+        # answer still pending) if it committed before the timeout did.
+        with transaction.atomic():
+            pass_final_deadline(occurrence_id)
+            assert review_deadlines_apply() == (0, 1)
     finally:
         thread_connection.close()
 

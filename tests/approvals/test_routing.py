@@ -360,3 +360,36 @@ def test_an_admin_edits_groups_and_rules_on_the_page_with_csrf(
     occurrence_id = runtime.propose(arguments=refund(70000)).json()["occurrence_id"]
     review = signed_in(second_reviewer).get(f"/reviews/{occurrence_id}/").content.decode()
     assert "large refunds</strong> v1" in review and "to finance-leads" in review
+
+
+def test_a_groups_secrets_survive_a_secret_key_rotation(
+    tenant: Tenant, admin_user: Any, settings: Any
+) -> None:
+    """The Slack URL and the webhook secret are stored encrypted, readable with the old key
+    in SECRET_KEY_FALLBACKS, and moved onto the new key by ``reencrypt_secrets``."""
+    import io
+
+    from django.core.management import call_command
+
+    from approvals.routing.changes import group_secret_decrypt
+
+    settings.CALLBACK_ALLOW_HTTP = settings.CALLBACK_ALLOW_PRIVATE_HOSTS = True
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "old-" + "k" * 50, []
+    slack = "https://hooks.slack.example/services/T0/B0/secret"
+    saved = reviewer_group_save(
+        tenant=tenant,
+        admin=admin_user,
+        name="g",
+        member_ids=[],
+        slack_webhook_url=slack,
+        webhook_url="https://hooks.example/console",
+    )
+    group = ReviewerGroup.objects.get(pk=saved.group.pk)
+    assert slack not in group.slack_webhook_encrypted
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "new-" + "k" * 50, ["old-" + "k" * 50]
+    assert group_secret_decrypt(group.slack_webhook_encrypted) == slack
+    call_command("reencrypt_secrets", stdout=io.StringIO())
+    settings.SECRET_KEY_FALLBACKS = []
+    group.refresh_from_db()
+    assert group_secret_decrypt(group.slack_webhook_encrypted) == slack
+    assert group_secret_decrypt(group.webhook_secret_encrypted) == saved.secret
