@@ -189,6 +189,10 @@ class AuditKind(models.TextChoices):
     REVIEWER_TOKEN_REVOKED = "reviewer_token.revoked", "Reviewer token revoked"
     CALLBACK_REGISTERED = "callback.registered", "Callback registered"
     CALLBACK_REMOVED = "callback.removed", "Callback removed"
+    # Routing (approvals.routing): an admin changed a reviewer group or a routing rule.
+    ROUTING_GROUP_SAVED = "routing.group_saved", "Reviewer group saved"
+    ROUTING_RULE_SAVED = "routing.rule_saved", "Routing rule saved"
+    ROUTING_RULE_REMOVED = "routing.rule_removed", "Routing rule removed"
     # A proposal and its review.
     OCCURRENCE_PROPOSED = "occurrence.proposed", "Proposed"
     OCCURRENCE_AUTO_ADMITTED = "occurrence.auto_admitted", "Admitted by policy"

@@ -340,6 +340,14 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("DISPATCH_SWEEP_EVERY_SECONDS", 10.0, minimum=0.1),
     },
     "push-what-was-not-pushed": {"task": "approvals.tasks.callbacks_sweep", "schedule": 15.0},
+    "notify-what-was-not-notified": {
+        "task": "approvals.notifications.sweep",
+        "schedule": env_float("NOTIFY_SWEEP_SECONDS", 15.0, minimum=0.1),
+    },
+    "send-notification-digests": {
+        "task": "approvals.notifications.digests",
+        "schedule": env_float("NOTIFY_DIGEST_SWEEP_SECONDS", 60.0, minimum=0.1),
+    },
     "report-refusal-bursts": {
         "task": "approvals.ratelimit.usage_report_closed",
         "schedule": float(API_RATE_WINDOW_SECONDS),
@@ -360,7 +368,25 @@ CALLBACKS_QUEUE = "callbacks"
 CELERY_TASK_ROUTES = {
     "approvals.tasks.callback_deliver": {"queue": CALLBACKS_QUEUE},
     "approvals.tasks.callbacks_sweep": {"queue": CALLBACKS_QUEUE},
+    # Notifications call out too (SMTP, Slack, webhooks): beside the callbacks.
+    "approvals.notifications.*": {"queue": CALLBACKS_QUEUE},
 }
+# Notifications (approvals.notifications): retried after 2, 4, 8 ... s up to
+# NOTIFY_MAX_ATTEMPTS, every attempt recorded; e-mail through Django's EMAIL_* settings.
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1)
+NOTIFY_RETRY_BACKOFF_SECONDS = env_float("NOTIFY_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
+NOTIFY_SWEEP_GRACE_SECONDS = env_float("NOTIFY_SWEEP_GRACE_SECONDS", 10.0, minimum=0.0)
+EMAIL_BACKEND = _env("EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = _env("EMAIL_HOST") or "localhost"
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = _env("EMAIL_HOST_USER") or ""
+EMAIL_HOST_PASSWORD = _env("EMAIL_HOST_PASSWORD") or ""
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+# The file backend's directory (the demo's catcher, /_demo/outbox, reads it).
+EMAIL_FILE_PATH = _env("EMAIL_FILE_PATH") or str(BASE_DIR / ".mail")
+DEFAULT_FROM_EMAIL = _env("DEFAULT_FROM_EMAIL") or "Approval console <console@localhost>"
 # The Redis the rate limit counts in (approvals/access/ratecounter.py): a request within
 # its limit then writes nothing to the database. Unset, the broker's when it is Redis;
 # "none" (or no Redis broker) counts in the database, as the demo on SQLite does.
@@ -379,7 +405,11 @@ elif not _rate_limit_redis.startswith(("redis://", "rediss://", "unix://")):
 API_RATE_LIMIT_REDIS_URL = _rate_limit_redis
 API_RATE_LIMIT_REDIS_PREFIX = _env("API_RATE_LIMIT_REDIS_PREFIX") or "console:ratelimit"
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).
-CELERY_IMPORTS = ["approvals.access.ratelimit", "approvals.callbacks.tasks"]
+CELERY_IMPORTS = [
+    "approvals.access.ratelimit",
+    "approvals.callbacks.tasks",
+    "approvals.notifications.tasks",
+]
 # A console-executed command still pending this long after its last change was never
 # delivered (its announcement was lost): the sweep delivers it.
 DISPATCH_SWEEP_GRACE_SECONDS = env_int("DISPATCH_SWEEP_GRACE_SECONDS", 10)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.db import models
 
 from approvals.access.encryption import Purpose, secret_decrypt, secret_encrypt, secret_reencrypt
-from approvals.models import RuntimeCallback
+from approvals.models import ReviewerGroup, RuntimeCallback
 from reconciliation.models import AdapterCredential, EscalationPolicy, WebhookTarget
 
 # Every stored secret: its model, its field and what it was encrypted for. A new encrypted
@@ -21,6 +21,9 @@ STORED_SECRETS: tuple[tuple[type[models.Model], str, Purpose], ...] = (
     (AdapterCredential, "secret_encrypted", Purpose.ADAPTER_CREDENTIALS),
     (WebhookTarget, "secret_encrypted", Purpose.ADAPTER_CREDENTIALS),
     (EscalationPolicy, "secret_encrypted", Purpose.ADAPTER_CREDENTIALS),
+    # A reviewer group's Slack webhook URL and generic webhook secret (approvals.routing).
+    (ReviewerGroup, "slack_webhook_encrypted", Purpose.NOTIFICATION_SECRETS),
+    (ReviewerGroup, "webhook_secret_encrypted", Purpose.NOTIFICATION_SECRETS),
 )
 
 

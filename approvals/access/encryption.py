@@ -27,6 +27,8 @@ from django.conf import settings
 class Purpose(StrEnum):
     CALLBACK_SECRETS = "callback secrets"
     ADAPTER_CREDENTIALS = "adapter credentials"
+    # A reviewer group's Slack webhook URL and generic webhook signing secret.
+    NOTIFICATION_SECRETS = "notification secrets"
     # A runtime key on its way from the POST that created it to the page that shows it
     # once (the session holds it for that redirect only, never in the clear).
     KEY_HANDOFF = "runtime key handoff"

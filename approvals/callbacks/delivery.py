@@ -1,6 +1,7 @@
 """Delivering a callback: one signed POST per attempt, retried with backoff up to
-``CALLBACK_MAX_ATTEMPTS``; a worker that dies mid-call leaves the delivery leased, and the
-sweep tries it again once the lease ran out."""
+``CALLBACK_MAX_ATTEMPTS`` by the outbox mechanism callbacks share with notifications
+(``approvals.outbound.outbox``); a worker that dies mid-call leaves the delivery leased,
+and the sweep tries it again once the lease ran out."""
 
 from __future__ import annotations
 
@@ -8,15 +9,10 @@ import hashlib
 import hmac
 import json
 import time
-from datetime import timedelta
-from typing import NamedTuple
 
 import httpx
 import structlog
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
-from django.utils import timezone
 
 from approvals.callbacks.registry import secret_decrypt
 from approvals.models import (
@@ -25,11 +21,9 @@ from approvals.models import (
 )
 from approvals.outbound import signing
 from approvals.outbound.client import outbound_client
+from approvals.outbound.outbox import Attempt, Sent, attempt_once, rows_due
 
 log = structlog.get_logger("approvals.callbacks")
-
-
-LEASE = timedelta(seconds=60)
 
 
 SIGNATURE_HEADER = "X-Console-Signature"
@@ -63,115 +57,57 @@ def _headers(secret: str, delivery_id: str, timestamp: str, body: bytes) -> dict
     }
 
 
-def _backoff(attempts: int) -> timedelta:
-    return timedelta(seconds=settings.CALLBACK_RETRY_BACKOFF_SECONDS * 2 ** max(attempts - 1, 0))
-
-
-class Attempt(NamedTuple):
-    """What one attempt did: ``outcome`` is delivered, retry, failed, or skipped (not due,
-    leased, already done); ``retry_in``, for a retry, the seconds until the next one."""
-
-    outcome: str
-    retry_in: float | None = None
+def _send(delivery: CallbackDelivery) -> Sent:
+    """One signed POST of a delivery to its callback's URL."""
+    callback = delivery.callback
+    if not callback.is_active:
+        return Sent(error="the callback was removed", give_up=True)
+    secret = secret_decrypt(callback.secret_encrypted)
+    if not secret:
+        return Sent(
+            error="the signing secret no longer decrypts (SECRET_KEY changed and the old "
+            "key is not in SECRET_KEY_FALLBACKS): register again"
+        )
+    body = json.dumps(delivery.body, separators=(",", ":"), sort_keys=True).encode()
+    timestamp = str(int(time.time()))
+    try:
+        # Connected only to a public address unless the operator allows private ones,
+        # checked on the address the connection reaches (a name may resolve elsewhere
+        # now than at registration); bounded in time and in the answer's size.
+        public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+        with outbound_client(public_only=public_only) as client:
+            response = client.post(
+                callback.url,
+                content=body,
+                headers=_headers(secret, str(delivery.pk), timestamp, body),
+            )
+    except httpx.HTTPError as exc:
+        return Sent(error=f"{type(exc).__name__}: {exc}"[:500])
+    code = response.status_code
+    return Sent(code, "" if 200 <= code < 300 else f"HTTP {code}")
 
 
 def deliver(delivery_id: str) -> Attempt:
-    """One attempt at one delivery, if it is due and nobody else holds it. Whoever called
-    publishes the retry (``approvals.callbacks.tasks``)."""
-    now = timezone.now()
-    leased = CallbackDelivery.objects.filter(
-        Q(leased_until__isnull=True) | Q(leased_until__lt=now),
+    """One attempt at one delivery, if it is due and nobody else holds it (the shared
+    outbox mechanism of ``approvals.outbound.outbox``). Whoever called publishes the retry
+    (``approvals.callbacks.tasks``)."""
+    return attempt_once(
+        rows=CallbackDelivery,
+        attempts=CallbackAttempt,
         pk=delivery_id,
-        state=CallbackDelivery.State.PENDING,
-        next_attempt_at__lte=now,
-    ).update(leased_until=now + LEASE)
-    if not leased:
-        return Attempt("skipped")
-    delivery = CallbackDelivery.objects.select_related("callback").get(pk=delivery_id)
-    callback = delivery.callback
-    number = delivery.attempts + 1
-    body = json.dumps(delivery.body, separators=(",", ":"), sort_keys=True).encode()
-    timestamp = str(int(time.time()))
-    status_code: int | None = None
-    error = ""
-    started = timezone.now()
-    secret = secret_decrypt(callback.secret_encrypted)
-    if not callback.is_active:
-        error = "the callback was removed"
-    elif not secret:
-        error = (
-            "the signing secret no longer decrypts (SECRET_KEY changed and the old key is "
-            "not in SECRET_KEY_FALLBACKS): register again"
-        )
-    else:
-        try:
-            # Connected only to a public address unless the operator allows private ones,
-            # checked on the address the connection reaches (a name may resolve elsewhere
-            # now than at registration); bounded in time and in the answer's size.
-            public_only = not settings.CALLBACK_ALLOW_PRIVATE_HOSTS
-            with outbound_client(public_only=public_only) as client:
-                response = client.post(
-                    callback.url,
-                    content=body,
-                    headers=_headers(secret, str(delivery.pk), timestamp, body),
-                )
-            status_code = response.status_code
-            if not 200 <= status_code < 300:
-                error = f"HTTP {status_code}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"[:500]
-    finished = timezone.now()
-    delivered = not error
-    final = delivered or number >= settings.CALLBACK_MAX_ATTEMPTS or not callback.is_active
-    with transaction.atomic():
-        CallbackAttempt.objects.create(
-            delivery=delivery,
-            number=number,
-            started_at=started,
-            finished_at=finished,
-            status_code=status_code,
-            error=error,
-        )
-        state = (
-            CallbackDelivery.State.DELIVERED
-            if delivered
-            else (CallbackDelivery.State.FAILED if final else CallbackDelivery.State.PENDING)
-        )
-        CallbackDelivery.objects.filter(pk=delivery.pk).update(
-            attempts=number,
-            state=state,
-            leased_until=None,
-            delivered_at=finished if delivered else None,
-            next_attempt_at=finished if final else finished + _backoff(number),
-            last_error=error,
-        )
-    outcome = "delivered" if delivered else ("failed" if final else "retry")
-    log.info(
-        "callback.attempt",
-        delivery_id=str(delivery.pk),
-        attempt=number,
-        status_code=status_code,
-        outcome=outcome,
+        send=_send,
+        max_attempts=settings.CALLBACK_MAX_ATTEMPTS,
+        backoff_seconds=settings.CALLBACK_RETRY_BACKOFF_SECONDS,
+        related=("callback",),
     )
-    if outcome == "retry":
-        return Attempt(outcome, _backoff(number).total_seconds())
-    return Attempt(outcome)
 
 
 def deliveries_due(limit: int = 500) -> list[str]:
     """Pending deliveries whose time has come and that nobody holds: those whose task was
     lost (a broker that was down at commit, a worker that died mid-call)."""
-    now = timezone.now()
-    return [
-        str(pk)
-        for pk in CallbackDelivery.objects.filter(
-            Q(leased_until__isnull=True) | Q(leased_until__lt=now),
-            state=CallbackDelivery.State.PENDING,
-            next_attempt_at__lte=now - timedelta(seconds=settings.CALLBACK_SWEEP_GRACE_SECONDS),
-        )
-        .order_by("next_attempt_at")
-        .values_list("pk", flat=True)[:limit]
-    ]
+    return rows_due(
+        CallbackDelivery, grace_seconds=settings.CALLBACK_SWEEP_GRACE_SECONDS, limit=limit
+    )
 
 
 def receiver_check(

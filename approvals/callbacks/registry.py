@@ -32,14 +32,16 @@ def secret_decrypt(stored: str) -> str:
     return encryption.secret_decrypt(stored, purpose=encryption.Purpose.CALLBACK_SECRETS)
 
 
-def _check_url(url: str) -> str:
+def _check_url(url: str, what: str = "callback") -> str:
+    """The URL, stripped, or the InputError that names what is wrong with it (``what``
+    names the URL in the messages: a callback's, a group's webhook)."""
     url = (url or "").strip()
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
         raise InputError(
-            "invalid_url", "The callback URL may hold no spaces or control characters.", "url"
+            "invalid_url", f"The {what} URL may hold no spaces or control characters.", "url"
         )
     unreadable = InputError(
-        "invalid_url", "The callback URL cannot be read: check its host and port (1-65535).", "url"
+        "invalid_url", f"The {what} URL cannot be read: check its host and port (1-65535).", "url"
     )
     try:
         url.encode("utf-8")
@@ -50,21 +52,21 @@ def _check_url(url: str) -> str:
         # surrogate: urlsplit raises ValueError (or UnicodeError) for each.
         raise unreadable from None
     if parts.scheme not in ("https", "http") or not host:
-        raise InputError("invalid_url", "The callback URL must be an http(s) URL.", "url")
+        raise InputError("invalid_url", f"The {what} URL must be an http(s) URL.", "url")
     if port == 0:
-        raise InputError("invalid_url", "The callback URL's port must be 1-65535.", "url")
+        raise InputError("invalid_url", f"The {what} URL's port must be 1-65535.", "url")
     if parts.username or parts.password:
-        raise InputError("invalid_url", "Put no credentials in the callback URL.", "url")
+        raise InputError("invalid_url", f"Put no credentials in the {what} URL.", "url")
     if parts.scheme == "http" and not settings.CALLBACK_ALLOW_HTTP:
         raise InputError(
             "https_required",
-            "The callback URL must use https (CALLBACK_ALLOW_HTTP is off).",
+            f"The {what} URL must use https (CALLBACK_ALLOW_HTTP is off).",
             "url",
         )
     if not settings.CALLBACK_ALLOW_PRIVATE_HOSTS and host_is_private(host):
         raise InputError(
             "private_host",
-            "The callback URL names or resolves to a loopback or private address, which "
+            f"The {what} URL names or resolves to a loopback or private address, which "
             "this console does not call (CALLBACK_ALLOW_PRIVATE_HOSTS is off).",
             "url",
         )
@@ -73,6 +75,12 @@ def _check_url(url: str) -> str:
     except httpx.InvalidURL:
         raise unreadable from None
     return url
+
+
+def url_check(url: str, *, what: str) -> str:
+    """``_check_url`` for the other outbound URLs the console keeps (a reviewer group's
+    Slack and generic webhooks): the same rules as a callback's."""
+    return _check_url(url, what)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ from approvals.models.audit import (
 )
 from approvals.models.callbacks import CallbackAttempt, CallbackDelivery, RuntimeCallback
 from approvals.models.contracts import ToolContract
+from approvals.models.notifications import (
+    Channel,
+    NotificationAttempt,
+    NotificationDelivery,
+    NotificationEvent,
+    NotificationPreference,
+)
 from approvals.models.occurrences import (
     Approval,
     ApprovalVote,
@@ -25,6 +32,7 @@ from approvals.models.occurrences import (
     Proposal,
     RetiredToken,
 )
+from approvals.models.routing import ReviewerGroup, RoutingRule, RoutingRuleVersion
 from approvals.models.tenancy import (
     Membership,
     ReviewerToken,
@@ -45,14 +53,22 @@ __all__ = [
     "AuditIngestion",
     "CallbackAttempt",
     "CallbackDelivery",
+    "Channel",
     "Command",
     "Epoch",
     "Membership",
+    "NotificationAttempt",
+    "NotificationDelivery",
+    "NotificationEvent",
+    "NotificationPreference",
     "Occurrence",
     "Proposal",
     "RetiredToken",
+    "ReviewerGroup",
     "ReviewerToken",
     "ReviewerTokenUsage",
+    "RoutingRule",
+    "RoutingRuleVersion",
     "RuntimeCallback",
     "RuntimeKey",
     "RuntimeKeyUsage",

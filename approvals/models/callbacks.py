@@ -8,6 +8,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from approvals.models.outbox import OutboxAttempt, OutboxDelivery
 from approvals.models.tenancy import RuntimeKey
 
 
@@ -28,13 +29,8 @@ class RuntimeCallback(models.Model):
         return f"callback of {self.runtime_key_id}: {self.url}"
 
 
-class CallbackDelivery(models.Model):
+class CallbackDelivery(OutboxDelivery):
     """One decision to push: an outbox row written in the deciding transaction."""
-
-    class State(models.TextChoices):
-        PENDING = "pending", "Pending"
-        DELIVERED = "delivered", "Delivered"
-        FAILED = "failed", "Failed"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     callback = models.ForeignKey(
@@ -45,14 +41,6 @@ class CallbackDelivery(models.Model):
     )
     event = models.CharField(max_length=32)
     body = models.JSONField()
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField()
-    # Held by the task making an attempt; a worker that died mid-call lets it run out.
-    leased_until = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -67,20 +55,14 @@ class CallbackDelivery(models.Model):
         return f"{self.event} of {self.occurrence_id} ({self.state})"
 
 
-class CallbackAttempt(models.Model):
+class CallbackAttempt(OutboxAttempt):
     """One POST of a delivery, as it went."""
 
     delivery = models.ForeignKey(
         CallbackDelivery, on_delete=models.CASCADE, related_name="attempt_log"
     )
-    number = models.PositiveIntegerField()
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField()
-    status_code = models.PositiveIntegerField(null=True, blank=True)
-    error = models.TextField(blank=True)
 
-    class Meta:
-        ordering = ["number"]
+    class Meta(OutboxAttempt.Meta):
         constraints = [
             models.UniqueConstraint(
                 fields=["delivery", "number"], name="callback_attempt_number_unique"

@@ -102,6 +102,12 @@ class ToolContract(models.Model):
         help_text="End a request nobody decided within this time as timed out (fail-closed: "
         "nothing can approve it afterwards). Longer than the review deadline. Empty: never.",
     )
+    sensitive_arguments = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Arguments that never leave the console: notifications (e-mail, Slack, "
+        'webhooks) leave them out. ["iban", "note"].',
+    )
     reject_repeats = models.BooleanField(
         default=False,
         help_text="Reject, without a review, a proposal repeating an action a reviewer "
@@ -156,6 +162,9 @@ class ToolContract(models.Model):
             raise ValidationError(
                 {"identifying_arguments": "A list of the schema's argument names."}
             )
+        hidden = self.sensitive_arguments
+        if not isinstance(hidden, list) or any(n not in properties for n in hidden):
+            raise ValidationError({"sensitive_arguments": "A list of the schema's argument names."})
         amount = properties.get(self.quorum_amount_argument, {})
         if self.quorum_amount_argument and amount.get("type") != "integer":
             raise ValidationError(

@@ -59,6 +59,15 @@ class Occurrence(models.Model):
     review_deadline_at = models.DateTimeField(null=True, blank=True)
     final_deadline_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # The routing rule's version that chose who is asked (``approvals.routing``), picked
+    # inside the proposal's INSERT; null when no rule of the tenant matched.
+    routed_by = models.ForeignKey(
+        "RoutingRuleVersion",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="occurrences",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -14,8 +14,9 @@ counts both from their audit events (``console_review_deadlines``).
 The sweep (Celery beat, ``approvals.tasks.review_deadlines_sweep``) writes down what the
 clock decided, in bounded batches; each change is a conditional UPDATE on the status, so a
 run twice, two sweeps, or a reviewer deciding at the same instant leave exactly one
-decision. Notifying a fallback group of reviewers on escalation is the next step (issue
-26's routing groups); today escalation marks the request on the pages and in the API.
+decision. An escalation tells the routing rule's fallback group, a timeout the routed
+groups' channels (``approvals.notifications``), through the outbox written in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from django.db import transaction
 from approvals.audit.record import DbNow, audit_record
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.errors import ErrorCode, ServiceError
-from approvals.models import Occurrence, ToolContract
+from approvals.models import NotificationEvent, Occurrence, ToolContract
+from approvals.notifications.outbox import notification_event_create
 from approvals.vocabulary import AuditKind, EventDecision, EventReason
 
 # The actor of an escalation and a timeout: the console itself, on its clock.
@@ -95,6 +97,11 @@ def occurrence_escalate(occurrence_id: uuid.UUID | str) -> bool:
                 "escalated_at": _iso(occ["escalated_at"]),
             },
         )
+        notification_event_create(
+            tenant_id=occ["tenant_id"],
+            occurrence_id=occurrence_id,
+            kind=NotificationEvent.Kind.ESCALATED,
+        )
     return True
 
 
@@ -127,6 +134,12 @@ def occurrence_time_out(occurrence_id: uuid.UUID | str) -> bool:
                     "timed_out_at": _iso(occ["decided_at"]),
                 },
             )
+        )
+        notification_event_create(
+            tenant_id=occ["tenant_id"],
+            occurrence_id=occurrence_id,
+            kind=NotificationEvent.Kind.DECIDED,
+            outcome=Occurrence.Status.TIMED_OUT,
         )
     return True
 

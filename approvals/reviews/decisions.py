@@ -19,9 +19,11 @@ from approvals.models import (
     Approval,
     ApprovalVote,
     Membership,
+    NotificationEvent,
     Occurrence,
     Proposal,
 )
+from approvals.notifications.outbox import notification_event_create
 from approvals.reviews.deadlines import deadlines_from, require_before_final_deadline
 from approvals.vocabulary import (
     AuditKind,
@@ -164,6 +166,12 @@ def occurrence_approve(
                 },
             )
         )
+        notification_event_create(
+            tenant_id=occ.tenant_id,
+            occurrence_id=occ.pk,
+            kind=NotificationEvent.Kind.DECIDED,
+            outcome=Occurrence.Status.APPROVED,
+        )
     return ApproveOutcome(issued=True, votes=votes, needed=needed, approval=approval)
 
 
@@ -200,6 +208,12 @@ def occurrence_reject(
                     **({"batch": batch} if batch else {}),
                 },
             )
+        )
+        notification_event_create(
+            tenant_id=occ.tenant_id,
+            occurrence_id=occ.pk,
+            kind=NotificationEvent.Kind.DECIDED,
+            outcome=Occurrence.Status.REJECTED,
         )
     occ.refresh_from_db()
     return occ

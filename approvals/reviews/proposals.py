@@ -26,13 +26,16 @@ from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import (
     AuditEvent,
     Epoch,
+    NotificationEvent,
     Occurrence,
     Proposal,
     RuntimeKey,
     Tenant,
     ToolContract,
 )
+from approvals.notifications.outbox import notification_event_create
 from approvals.reviews.deadlines import deadlines_from
+from approvals.routing.rules import routing_version
 from approvals.vocabulary import (
     AuditKind,
     EventDecision,
@@ -86,6 +89,17 @@ def occurrence_propose(
     try:
         with transaction.atomic():
             deadlines = {} if auto else deadlines_from(contract, db_now())
+            # The routing rule's version is picked inside the INSERT (a subquery): routing
+            # costs the proposal no query of its own.
+            routing = (
+                {}
+                if auto
+                else {
+                    "routed_by_id": routing_version(
+                        tenant_id=tenant.pk, contract=contract, arguments=arguments
+                    )
+                }
+            )
             occurrence = Occurrence.objects.create(
                 tenant=tenant,
                 runtime_key=runtime_key,
@@ -99,7 +113,10 @@ def occurrence_propose(
                 else Occurrence.Status.PENDING_REVIEW,
                 admission_justification=Epoch.Justification.READ_ONLY.value if auto else "",
                 **deadlines,
+                **routing,
             )
+            # The subquery's value is the database's: read when asked for, not the expression.
+            occurrence.__dict__.pop("routed_by_id", None)
             Proposal.objects.create(
                 occurrence=occurrence,
                 version=1,
@@ -125,6 +142,13 @@ def occurrence_propose(
                 )
             if repeat_of is not None:
                 _reject_repeat(occurrence, repeat_of)
+            elif not auto:
+                # The notification outbox: the reviewers hear of it after commit.
+                notification_event_create(
+                    tenant_id=tenant.pk,
+                    occurrence_id=occurrence.pk,
+                    kind=NotificationEvent.Kind.REQUESTED,
+                )
     except IntegrityError:
         # Another request with the same client_ref won the insert.
         existing = (

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.models import Occurrence
 from approvals.reviews.bulk import BULK_MAX
 from approvals.reviews.selectors import inbox_tools
+from approvals.routing.rules import routed_to_user
 from approvals.web.forms import (
     STATE_ALL,
     STATE_WENT_WRONG,
@@ -53,6 +54,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     narrowing = form.narrowing()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
     went_wrong = state == STATE_WENT_WRONG
+    routed_versions, fallback_versions = routed_to_user(request.user.pk)
     query = InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
@@ -62,6 +64,8 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         run_id=narrowing.run,
         amount_min=narrowing.amount_min,
         amount_max=narrowing.amount_max,
+        routed_versions=routed_versions,
+        fallback_versions=fallback_versions,
     )
     # The stamp first, from two aggregates: a poll that finds nothing new ends here.
     total, last_change = inbox_total(query)
@@ -101,6 +105,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         total=total,
         rendered=rendered,
         narrowing=narrowing.query(),
+        routed=query.is_routed,
     )
     context = {
         **chrome(request, access),

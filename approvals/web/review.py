@@ -21,6 +21,7 @@ from django_htmx.http import reswap, retarget
 from approvals.canonical.parsing import parse_json
 from approvals.errors import ErrorCode, InputError, ServiceError
 from approvals.models import Membership, Occurrence
+from approvals.notifications.selectors import notifications_read
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject, proposal_edit
 from approvals.reviews.revocation import approval_revoke
 from approvals.vocabulary import PanelState
@@ -37,6 +38,7 @@ from approvals.web.presenters.review import (
     panel_stamp,
     review_page,
 )
+from approvals.web.presenters.routing import routed_by
 from approvals.web.selectors.access import ConsoleAccess, console_access
 from approvals.web.selectors.history import HistoryCursor
 from approvals.web.selectors.review import (
@@ -142,6 +144,7 @@ def _render_review(
         "revoke_form": revoke_form,
         "edit_form": edit_form or EditForm(initial=edit_initial(panel.proposal)),
         "edit_errors": edit_errors or [],
+        "routed_by": routed_by(panel.occurrence.routed_by_id),
     }
     return render(opened.request, template, context, status=status)
 
@@ -177,6 +180,8 @@ def _review_url(occurrence_id: Any, **query: str) -> str:
 @console_login_required
 def review(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     opened = _open(request, occurrence_id)
+    # Opened: what the console told the reader of this request is read now.
+    notifications_read(user_id=request.user.pk, occurrence_id=opened.occurrence.pk)
     notices = [
         Notice(m.level_tag or "info", escape(m.message)) for m in messages.get_messages(request)
     ]

@@ -26,6 +26,7 @@ from approvals.errors import ErrorCode
 from approvals.models import (
     Tenant,
 )
+from approvals.notifications.selectors import unread_count
 from approvals.web.selectors.access import ConsoleAccess, console_access
 
 SESSION_TENANT = "console_tenant"
@@ -73,10 +74,13 @@ def header_links(access: ConsoleAccess) -> dict[str, bool]:
 
 
 def chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
-    """What the header needs: the tenant switcher (it scopes the inbox), and the links."""
+    """What the header needs: the tenant switcher (it scopes the inbox), the links, and
+    the unread notifications' count (read when the header shows it: a callable)."""
+    user_id = request.user.pk
     return {
         "tenants": access.tenants,
         "current_tenant": _scope(request, access),
+        "unread_count": lambda: unread_count(user_id),
         **header_links(access),
     }
 

@@ -276,9 +276,10 @@ def test_tool_filter_counts_on_the_tool_id_without_a_join(runtime: Runtime, revi
     assert not [sql for sql in counts if "JOIN" in sql]
 
 
-# Session, user, memberships, tool ids, the list's count and change time, and the newest
-# event of the rows on the page.
-UNCHANGED_INBOX_POLL_QUERIES = 6
+# Session, user, memberships, tool ids, the rule versions that route to the reader (the
+# page's order depends on them), the list's count and change time, and the newest event of
+# the rows on the page.
+UNCHANGED_INBOX_POLL_QUERIES = 7
 
 
 def test_unchanged_inbox_poll_answers_204_before_reading_rows(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -83,6 +83,7 @@ class InboxRow:
     label: str
     age: str
     escalated: str = ""  # past the review deadline, still pending
+    routed: bool = False  # a routing rule asks the reader to review it (listed first)
     flags: list[ArgumentFlag] = field(default_factory=list)  # look-alike text
 
     @property
@@ -103,7 +104,7 @@ class InboxRow:
         return occurrence_path("approvals:review", self.occurrence.pk)
 
 
-def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
+def inbox_row(occurrence: Occurrence, now: datetime, *, routed: bool = False) -> InboxRow:
     """One row, from an occurrence loaded by ``approvals.web.selectors.inbox.inbox_page``."""
     proposals = getattr(occurrence, "current_proposals", [])
     arguments = proposals[0].arguments if proposals else {}
@@ -118,6 +119,7 @@ def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
         label=label,
         age=age(occurrence.created_at, now),
         escalated=escalated_badge(occurrence, now),
+        routed=routed,
         flags=argument_flags(arguments),
     )
 
@@ -160,11 +162,16 @@ def inbox_list(
     total: int,
     rendered: str,
     narrowing: dict[str, str] | None = None,
+    routed: Callable[[Occurrence], bool] | None = None,
 ) -> dict[str, Any]:
     """What the inbox list shows; ``rendered`` is the stamp its poll sends back;
-    ``narrowing`` the requester, run and amount filters, kept in its links."""
+    ``narrowing`` the requester, run and amount filters, kept in its links; ``routed`` says
+    which rows are routed to the reader (badged, and listed first by the query)."""
     now = timezone.now()
-    rows = [inbox_row(occurrence, now) for occurrence in occurrences]
+    rows = [
+        inbox_row(occurrence, now, routed=bool(routed and routed(occurrence)))
+        for occurrence in occurrences
+    ]
     filters = {"tool": tool, "state": state, **(narrowing or {})}
     state_label = dict(STATE_CHOICES)[state]
     counted = "requests in all states" if state == STATE_ALL else state_label.lower()

@@ -11,13 +11,17 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import (
+    Case,
     Count,
     Exists,
     F,
     Max,
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
+    Value,
+    When,
 )
 
 from approvals import vocabulary
@@ -69,9 +73,24 @@ class InboxQuery:
     amount_min: Decimal | None = None
     amount_max: Decimal | None = None
 
+    # Routing (``approvals.routing.rules.routed_to_user``): pending requests routed by
+    # these rule versions come first, and those routed by ``fallback_versions`` once
+    # escalated; the rest follow, newest first.
+    routed_versions: tuple[int, ...] = ()
+    fallback_versions: tuple[int, ...] = ()
+
     @property
     def by_amount(self) -> bool:
         return self.amount_min is not None or self.amount_max is not None
+
+    def is_routed(self, occurrence: Occurrence) -> bool:
+        """Whether the row is routed to the reader (what the inbox lists first)."""
+        if occurrence.status != Occurrence.Status.PENDING_REVIEW:
+            return False
+        version = occurrence.routed_by_id
+        return version in self.routed_versions or (
+            occurrence.escalated_at is not None and version in self.fallback_versions
+        )
 
 
 # The amount the inbox's amount range reads: the arguments' top-level ``amount_minor``,
@@ -151,7 +170,29 @@ def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
                 )
             )
         )
+    if query.routed_versions or query.fallback_versions:
+        pending = Q(status=Occurrence.Status.PENDING_REVIEW)
+        routed = Q(routed_by_id__in=query.routed_versions) | Q(
+            escalated_at__isnull=False, routed_by_id__in=query.fallback_versions
+        )
+        queryset = queryset.annotate(
+            routed_first=Case(When(pending & routed, then=Value(1)), default=Value(0))
+        )
+        return queryset.order_by("-routed_first", "-created_at", "-pk")
     return queryset.order_by("-created_at", "-pk")
+
+
+def _order(query: InboxQuery) -> tuple[str, list[Any]]:
+    """The inbox's order: what is routed to the reader first (only when something is: the
+    plain order reads the page from the index alone), then newest first."""
+    if not (query.routed_versions or query.fallback_versions):
+        return "o.created_at DESC, o.id DESC", []
+    sql = (
+        f"(o.status = '{Occurrence.Status.PENDING_REVIEW.value}' AND (o.routed_by_id = ANY(%s)"
+        " OR (o.escalated_at IS NOT NULL AND o.routed_by_id = ANY(%s)))) DESC,"
+        " o.created_at DESC, o.id DESC"
+    )
+    return sql, [list(query.routed_versions), list(query.fallback_versions)]
 
 
 def _where(query: InboxQuery) -> tuple[str, list[Any]]:
@@ -187,11 +228,11 @@ _WENT_WRONG = f"""
                 AND c.state IN ({words(WENT_WRONG_STATES)}))"""  # noqa: S608 (no input)
 
 
-def _page_ids(where: str) -> str:
+def _page_ids(where: str, order: str = "o.created_at DESC, o.id DESC") -> str:
     """The ids of one page (``LIMIT %s OFFSET %s``), from the (tenant, status, created_at,
-    id) index alone."""
+    id) index alone (in the plain order)."""
     return f"""SELECT o.id FROM approvals_occurrence o WHERE {where}
-                ORDER BY o.created_at DESC, o.id DESC LIMIT %s OFFSET %s"""  # noqa: S608
+                ORDER BY {order} LIMIT %s OFFSET %s"""  # noqa: S608
 
 
 def inbox_total(query: InboxQuery) -> tuple[int, datetime | None]:
@@ -216,9 +257,10 @@ def inbox_last_event(query: InboxQuery, *, offset: int, limit: int) -> int | Non
         found = AuditEvent.objects.filter(occurrence_id__in=page).aggregate(last=Max("id"))
         return found["last"]
     where, params = _where(query)
+    order, order_params = _order(query)
     sql = f"""SELECT MAX(e.id) FROM approvals_auditevent e
-               WHERE e.occurrence_id IN ({_page_ids(where)})"""  # noqa: S608
-    [(last,)] = fetch(sql, [*params, limit, offset])
+               WHERE e.occurrence_id IN ({_page_ids(where, order)})"""  # noqa: S608
+    [(last,)] = fetch(sql, [*params, *order_params, limit, offset])
     return last
 
 
@@ -320,10 +362,14 @@ def _page_rows(
             approval.interrupted = interrupted  # type: ignore[attr-defined]
         return page, list(counted), loaded
     where, params = _where(query)
+    order, order_params = _order(query)
     sql = f"""SELECT {_OCCURRENCE.sql} FROM approvals_occurrence o
-               WHERE {where} AND o.id IN ({_page_ids(where)})
-               ORDER BY o.created_at DESC, o.id DESC"""  # noqa: S608
-    page = [_OCCURRENCE.load(row) for row in fetch(sql, [*params, *params, limit, offset])]
+               WHERE {where} AND o.id IN ({_page_ids(where, order)})
+               ORDER BY {order}"""  # noqa: S608
+    page = [
+        _OCCURRENCE.load(row)
+        for row in fetch(sql, [*params, *params, *order_params, limit, offset, *order_params])
+    ]
     ids = [o.pk for o in page]
     if not ids:
         return page, [], []

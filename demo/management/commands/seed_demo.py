@@ -11,8 +11,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.access.runtime_keys import runtime_key_create
-from approvals.models import Membership, Tenant, ToolContract
+from approvals.models import Membership, ReviewerGroup, RoutingRule, Tenant, ToolContract
 from approvals.reviews.proposals import occurrence_propose
+from approvals.routing.changes import reviewer_group_save, routing_rule_save
 
 DEMO_USERS = [
     ("reviewer", "reviewer-demo", [Membership.Role.REVIEWER]),
@@ -99,6 +100,71 @@ DEMO_DEADLINE_CONTRACT: dict[str, Any] = {
 }
 
 
+# Who is asked (issue 26's routing): refunds to support, those above EUR/USD 500.00 to
+# finance-leads; close_ticket to support, and to finance-leads (its fallback group) once it
+# is escalated after 2 minutes. finance-leads' Slack and webhook post back to the console's
+# /_demo/outbox, which shows them with the e-mails.
+DEMO_GROUPS = {"support": ["reviewer", "admin"], "finance-leads": ["reviewer2", "admin"]}
+DEMO_RULES: list[dict[str, Any]] = [
+    {"tool": "issue_refund", "name": "refunds", "groups": ["support"], "fallback": "finance-leads"},
+    *(
+        {
+            "tool": "issue_refund",
+            "name": f"large {currency} refunds",
+            "groups": ["finance-leads"],
+            "currency": currency,
+            "amount_over_minor": 50000,
+        }
+        for currency in ("EUR", "USD")
+    ),
+    {"tool": "send_message", "name": "messages", "groups": ["support"]},
+    {
+        "tool": "close_ticket",
+        "name": "tickets",
+        "groups": ["support"],
+        "fallback": "finance-leads",
+    },
+]
+
+
+def _seed_routing(tenant: Tenant, base_url: str) -> None:
+    """The demo's reviewer groups and routing rules, once (a rerun keeps them)."""
+    admin = get_user_model().objects.get(username="admin")
+    users = dict(get_user_model().objects.values_list("username", "pk"))
+    groups = {}
+    for name, members in DEMO_GROUPS.items():
+        existing = ReviewerGroup.objects.filter(tenant=tenant, name=name).first()
+        if existing is not None:
+            groups[name] = existing
+            continue
+        catch = f"{base_url}/_demo/outbox/catch"
+        # The catcher is this console on loopback over http: only where that is allowed
+        # (DEBUG, as bin/demo runs), else the group is told by e-mail alone.
+        local = settings.CALLBACK_ALLOW_HTTP and settings.CALLBACK_ALLOW_PRIVATE_HOSTS
+        told = name == "finance-leads" and local
+        groups[name] = reviewer_group_save(
+            tenant=tenant,
+            admin=admin,
+            name=name,
+            member_ids=[users[m] for m in members],
+            slack_webhook_url=f"{catch}/slack" if told else None,
+            webhook_url=f"{catch}/webhook" if told else None,
+        ).group
+    for rule in DEMO_RULES:
+        if RoutingRule.objects.filter(tenant=tenant, name=rule["name"]).exists():
+            continue
+        routing_rule_save(
+            tenant=tenant,
+            admin=admin,
+            tool=rule["tool"],
+            name=rule["name"],
+            group_ids=[groups[g].pk for g in rule["groups"]],
+            fallback_group_id=groups[rule["fallback"]].pk if "fallback" in rule else None,
+            currency=rule.get("currency", ""),
+            amount_over_minor=rule.get("amount_over_minor"),
+        )
+
+
 class Command(BaseCommand):
     help = "Create the demo tenant, its people, a runtime key and a few pending proposals."
 
@@ -130,6 +196,9 @@ class Command(BaseCommand):
                 user.save(update_fields=["is_staff", "is_superuser"])
             for role in roles:
                 Membership.objects.get_or_create(user=user, tenant=tenant, role=role)
+            if not user.email:
+                user.email = f"{username}@demo.test"
+                user.save(update_fields=["email"])
 
         # The raw key is only known when it is created, so every run makes a fresh one. The
         # random suffix keeps two runs within one second from colliding on the key's name.
@@ -139,6 +208,7 @@ class Command(BaseCommand):
             contract = ToolContract(**DEMO_DEADLINE_CONTRACT)
             contract.full_clean()
             contract.save()
+        _seed_routing(tenant, options["base_url"].rstrip("/"))
         for proposal in DEMO_PROPOSALS:
             occurrence_propose(runtime_key=key, **proposal)
 

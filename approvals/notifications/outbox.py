@@ -1,0 +1,29 @@
+"""The notification outbox: one ``NotificationEvent`` row, written in the transaction that
+created the request (or escalated or decided it); its fan-out is published after commit,
+and the sweep fans out what a lost publish left (``approvals.notifications.tasks``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import transaction
+
+from approvals.models import NotificationEvent
+from approvals.notifications.tasks import fan_out_enqueue
+
+
+def notification_event_create(
+    *, tenant_id: int, occurrence_id: uuid.UUID | str, kind: str, outcome: str = ""
+) -> uuid.UUID:
+    """Write the event (one INSERT) inside the caller's transaction; its fan-out runs
+    after commit."""
+    event_id = uuid.uuid4()
+    NotificationEvent.objects.create(
+        id=event_id,
+        tenant_id=tenant_id,
+        occurrence_id=occurrence_id,
+        kind=kind,
+        outcome=outcome,
+    )
+    transaction.on_commit(lambda: fan_out_enqueue(event_id))
+    return event_id

@@ -1,0 +1,139 @@
+"""Trying an outbox row until it is delivered: lease it, send it once outside any
+transaction, record the attempt, and either settle it or schedule the next try after 2,
+4, 8 … backoff units. Callbacks (``approvals.callbacks.delivery``) and notifications
+(``approvals.notifications.delivery``) both send through here; each says only how one of
+its rows is sent (``send``) and how often it may be tried.
+
+Delivery is at least once: a worker that dies mid-send leaves the row leased, and the
+sweep (``rows_due``) tries it again once the lease ran out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NamedTuple, TypeVar
+
+import structlog
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.models.outbox import OutboxAttempt, OutboxDelivery
+
+log = structlog.get_logger("approvals.outbound")
+
+LEASE = timedelta(seconds=60)
+
+Row = TypeVar("Row", bound=OutboxDelivery)
+
+
+class Sent(NamedTuple):
+    """What one send did: ``error`` empty when it was delivered; ``give_up`` when no
+    later attempt can do better (the target was removed)."""
+
+    status_code: int | None = None
+    error: str = ""
+    give_up: bool = False
+
+
+class Attempt(NamedTuple):
+    """What one attempt did: ``outcome`` is delivered, retry, failed, or skipped (not due,
+    leased, already done); ``retry_in``, for a retry, the seconds until the next one."""
+
+    outcome: str
+    retry_in: float | None = None
+
+
+def backoff(attempts: int, unit_seconds: float) -> timedelta:
+    """The wait after ``attempts`` failed attempts: 1, 2, 4 … units."""
+    return timedelta(seconds=unit_seconds * 2 ** max(attempts - 1, 0))
+
+
+def attempt_once(
+    *,
+    rows: type[Row],
+    attempts: type[OutboxAttempt],
+    pk: Any,
+    send: Callable[[Row], Sent],
+    max_attempts: int,
+    backoff_seconds: float,
+    related: Sequence[str] = (),
+    due: Q | None = None,
+) -> Attempt:
+    """One attempt at one row, if it is due and nobody else holds it. ``send`` runs outside
+    any transaction; whoever called publishes the retry (the task of the row's kind)."""
+    now = timezone.now()
+    leased = (
+        rows._default_manager.filter(
+            Q(leased_until__isnull=True) | Q(leased_until__lt=now),
+            pk=pk,
+            state=OutboxDelivery.State.PENDING,
+            next_attempt_at__lte=now,
+        )
+        .filter(due or Q())
+        .update(leased_until=now + LEASE)
+    )
+    if not leased:
+        return Attempt("skipped")
+    row = rows._default_manager.select_related(*related).get(pk=pk)
+    number = row.attempts + 1
+    started = timezone.now()
+    sent = send(row)
+    finished = timezone.now()
+    delivered = not sent.error
+    final = delivered or sent.give_up or number >= max_attempts
+    wait = backoff(number, backoff_seconds)
+    with transaction.atomic():
+        # Every concrete attempt model has its ``delivery`` (the abstract one cannot).
+        attempts._default_manager.create(  # type: ignore[misc]
+            delivery=row,
+            number=number,
+            started_at=started,
+            finished_at=finished,
+            status_code=sent.status_code,
+            error=sent.error,
+        )
+        state = (
+            OutboxDelivery.State.DELIVERED
+            if delivered
+            else (OutboxDelivery.State.FAILED if final else OutboxDelivery.State.PENDING)
+        )
+        rows._default_manager.filter(pk=pk).update(
+            attempts=number,
+            state=state,
+            leased_until=None,
+            delivered_at=finished if delivered else None,
+            next_attempt_at=finished if final else finished + wait,
+            last_error=sent.error,
+        )
+    outcome = "delivered" if delivered else ("failed" if final else "retry")
+    log.info(
+        "outbox.attempt",
+        rows=rows.__name__,
+        delivery_id=str(pk),
+        attempt=number,
+        status_code=sent.status_code,
+        outcome=outcome,
+    )
+    if outcome == "retry":
+        return Attempt(outcome, wait.total_seconds())
+    return Attempt(outcome)
+
+
+def rows_due(
+    rows: type[OutboxDelivery], *, grace_seconds: float, limit: int = 500, due: Q | None = None
+) -> list[str]:
+    """Pending rows whose time has come and that nobody holds: those whose task was lost
+    (a broker that was down at commit, a worker that died mid-send)."""
+    now = timezone.now()
+    return [
+        str(pk)
+        for pk in rows._default_manager.filter(
+            Q(leased_until__isnull=True) | Q(leased_until__lt=now),
+            state=OutboxDelivery.State.PENDING,
+            next_attempt_at__lte=now - timedelta(seconds=grace_seconds),
+        )
+        .filter(due or Q())
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    ]

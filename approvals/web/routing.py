@@ -1,0 +1,313 @@
+"""Admins' routing page (``/manage/routing/``): a tenant's reviewer groups (members, Slack
+and webhook channels, and which channel keeps failing) and its routing rules, each change
+a new version with its audit event (``approvals.routing.changes``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Max, Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.debug import sensitive_post_parameters
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.canonical.money import currency_exponent
+from approvals.errors import InputError
+from approvals.models import (
+    Membership,
+    NotificationDelivery,
+    ReviewerGroup,
+    RoutingRule,
+    RoutingRuleVersion,
+    Tenant,
+    ToolContract,
+)
+from approvals.routing.changes import (
+    reviewer_group_save,
+    routing_rule_remove,
+    routing_rule_save,
+)
+from approvals.web.presenters.routing import band_text
+from approvals.web.shell import AdminScope, admin_scope, console_login_required
+
+TEMPLATE = "approvals/routing.html"
+# A channel with this many failed deliveries in the last day shows as failing.
+FAILING_AFTER = 1
+FAILING_WINDOW = timedelta(days=1)
+
+
+class GroupForm(forms.Form):
+    tenant = forms.CharField(required=False)
+    group = forms.IntegerField(required=False)
+    name = forms.CharField(max_length=100)
+    members = forms.TypedMultipleChoiceField(coerce=int, required=False)
+    slack_webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
+    remove_slack = forms.BooleanField(required=False)
+    webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
+    rotate_secret = forms.BooleanField(required=False)
+
+    def __init__(self, data: Any = None, *, members: list[tuple[int, str]]) -> None:
+        super().__init__(data)
+        field = self.fields["members"]
+        assert isinstance(field, forms.TypedMultipleChoiceField)
+        field.choices = members
+
+
+class RuleForm(forms.Form):
+    tenant = forms.CharField(required=False)
+    tool = forms.CharField(max_length=100)
+    name = forms.CharField(max_length=100)
+    groups = forms.TypedMultipleChoiceField(coerce=int)
+    fallback_group = forms.TypedChoiceField(coerce=int, required=False, empty_value=None)
+    currency = forms.CharField(required=False, max_length=3)
+    amount_over = forms.CharField(required=False, max_length=30)
+    amount_up_to = forms.CharField(required=False, max_length=30)
+
+    def __init__(self, data: Any = None, *, groups: list[tuple[int, str]]) -> None:
+        super().__init__(data)
+        for name in ("groups", "fallback_group"):
+            field = self.fields[name]
+            assert isinstance(field, forms.TypedChoiceField | forms.TypedMultipleChoiceField)
+            field.choices = [("", "None"), *groups] if name == "fallback_group" else groups
+
+    def minor(self, field: str) -> int | None:
+        """An amount typed in the currency's units ("500.00") as minor units."""
+        text = (self.cleaned_data.get(field) or "").replace(",", "").strip()
+        if not text:
+            return None
+        digits = currency_exponent((self.cleaned_data.get("currency") or "").upper())
+        try:
+            value = Decimal(text) * (10 ** (digits or 0))
+        except InvalidOperation:
+            raise InputError("invalid_band", f"{text!r} is not an amount.", field) from None
+        if value != value.to_integral_value():
+            raise InputError("invalid_band", f"{text} has too many decimals.", field)
+        return int(value)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group: ReviewerGroup
+    members: list[str]
+    failing: list[tuple[str, int, str]]  # (channel, failed in the last day, last error)
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    rule: RoutingRule
+    current: RoutingRuleVersion
+    band: str
+    groups: list[str]
+    history: list[tuple[RoutingRuleVersion, str, list[str]]]
+
+
+def _tenant(scope: AdminScope, slug: str) -> Tenant:
+    if not slug:
+        return scope.tenants[0]
+    tenant = scope.tenant(slug)
+    if tenant is None:
+        raise Http404("You are no admin of that tenant.")
+    return tenant
+
+
+def _people(tenant: Tenant) -> list[tuple[int, str]]:
+    users = (
+        get_user_model()
+        .objects.filter(
+            memberships__tenant=tenant,
+            memberships__role__in=[Membership.Role.REVIEWER, Membership.Role.ADMIN],
+        )
+        .distinct()
+        .order_by("username")
+    )
+    return [(u.pk, u.get_username()) for u in users]
+
+
+def _failing(tenant: Tenant) -> dict[int, list[tuple[str, int, str]]]:
+    since = timezone.now() - FAILING_WINDOW
+    rows = (
+        NotificationDelivery.objects.filter(
+            tenant=tenant, group__isnull=False, created_at__gte=since
+        )
+        # Given up, or failed at its last attempt and waiting for the next.
+        .filter(
+            Q(state=NotificationDelivery.State.FAILED)
+            | (Q(state=NotificationDelivery.State.PENDING) & ~Q(last_error=""))
+        )
+        .values("group_id", "channel")
+        .annotate(n=Count("pk"), last=Max("created_at"))
+    )
+    found: dict[int, list[tuple[str, int, str]]] = {}
+    for row in rows:
+        if row["n"] < FAILING_AFTER:
+            continue
+        last = (
+            NotificationDelivery.objects.filter(
+                group_id=row["group_id"], channel=row["channel"], created_at__gte=since
+            )
+            .exclude(last_error="")
+            .order_by("-created_at")
+            .values_list("last_error", flat=True)
+            .first()
+        )
+        found.setdefault(row["group_id"], []).append((row["channel"], row["n"], last or ""))
+    return found
+
+
+def _render(
+    request: HttpRequest,
+    scope: AdminScope,
+    tenant: Tenant,
+    *,
+    group_form: GroupForm | None = None,
+    rule_form: RuleForm | None = None,
+    secret: str = "",
+    errors: list[str] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    people = _people(tenant)
+    groups = list(ReviewerGroup.objects.filter(tenant=tenant).prefetch_related("members"))
+    failing = _failing(tenant)
+    group_rows = [
+        GroupRow(g, sorted(m.get_username() for m in g.members.all()), failing.get(g.pk, []))
+        for g in groups
+    ]
+    rules = []
+    for rule in RoutingRule.objects.filter(tenant=tenant).select_related("tool"):
+        versions = list(
+            rule.versions.select_related("fallback_group", "created_by")
+            .prefetch_related("groups")
+            .order_by("-version")
+        )
+        current = next((v for v in versions if v.is_current), None)
+        if current is None:
+            continue
+        history = [(v, band_text(v), sorted(g.name for g in v.groups.all())) for v in versions]
+        rules.append(
+            RuleRow(
+                rule,
+                current,
+                band_text(current),
+                history[0][2] if current.is_active else [],
+                history,
+            )
+        )
+    group_choices = [(g.pk, g.name) for g in groups]
+    context = scope.context(
+        "routing",
+        tenant=tenant,
+        groups=group_rows,
+        rules=rules,
+        people=people,
+        tools=list(ToolContract.objects.order_by("name").values_list("name", flat=True)),
+        group_form=group_form or GroupForm(members=people),
+        rule_form=rule_form or RuleForm(groups=group_choices),
+        secret=secret,
+        errors=errors or [],
+        any_failing=any(row.failing for row in group_rows),
+    )
+    return render(request, TEMPLATE, context, status=status)
+
+
+@require_GET
+@console_login_required
+def routing(request: HttpRequest) -> HttpResponse:
+    scope = admin_scope(request)
+    return _render(request, scope, _tenant(scope, request.GET.get("tenant", "")))
+
+
+def _back(tenant: Tenant) -> HttpResponse:
+    return redirect(f"{reverse('approvals:routing')}?tenant={tenant.slug}")
+
+
+@sensitive_post_parameters("slack_webhook_url")
+@require_POST
+@console_login_required
+def routing_group_save(request: HttpRequest) -> HttpResponse:
+    scope = admin_scope(request)
+    tenant = _tenant(scope, request.POST.get("tenant", ""))
+    form = GroupForm(request.POST, members=_people(tenant))
+    if not form.is_valid():
+        errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
+        return _render(request, scope, tenant, group_form=form, errors=errors, status=422)
+    data = form.cleaned_data
+    group = None
+    if data.get("group"):
+        group = ReviewerGroup.objects.filter(tenant=tenant, pk=data["group"]).first()
+        if group is None:
+            raise Http404("No such group in this tenant.")
+    slack = "" if data["remove_slack"] else (data["slack_webhook_url"] or None)
+    webhook = data["webhook_url"] if data["webhook_url"] or group is None else None
+    if group is not None and not data["webhook_url"] and request.POST.get("remove_webhook"):
+        webhook = ""
+    try:
+        saved = reviewer_group_save(
+            tenant=tenant,
+            admin=request.user,
+            name=data["name"],
+            member_ids=data["members"],
+            slack_webhook_url=slack,
+            webhook_url=webhook,
+            rotate_secret=data["rotate_secret"],
+            group=group,
+        )
+    except InputError as exc:
+        return _render(request, scope, tenant, group_form=form, errors=[exc.message], status=422)
+    if saved.secret:
+        # Shown on this answer only (the console keeps it encrypted, never shows it again).
+        messages.success(request, f"Saved group {saved.group.name}.")
+        return _render(request, scope, tenant, secret=saved.secret)
+    messages.success(request, f"Saved group {saved.group.name}.")
+    return _back(tenant)
+
+
+@require_POST
+@console_login_required
+def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
+    scope = admin_scope(request)
+    tenant = _tenant(scope, request.POST.get("tenant", ""))
+    groups = list(ReviewerGroup.objects.filter(tenant=tenant).values_list("pk", "name"))
+    form = RuleForm(request.POST, groups=groups)
+    if not form.is_valid():
+        errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
+        return _render(request, scope, tenant, rule_form=form, errors=errors, status=422)
+    data = form.cleaned_data
+    try:
+        version = routing_rule_save(
+            tenant=tenant,
+            admin=request.user,
+            tool=data["tool"],
+            name=data["name"],
+            group_ids=data["groups"],
+            fallback_group_id=data["fallback_group"],
+            currency=data["currency"] or "",
+            amount_over_minor=form.minor("amount_over"),
+            amount_up_to_minor=form.minor("amount_up_to"),
+        )
+    except InputError as exc:
+        return _render(request, scope, tenant, rule_form=form, errors=[exc.message], status=422)
+    messages.success(
+        request, f"Saved rule {version.rule.name} for {data['tool']}: version {version.version}."
+    )
+    return _back(tenant)
+
+
+@require_POST
+@console_login_required
+def routing_rule_remove_view(request: HttpRequest, rule_id: int) -> HttpResponse:
+    scope = admin_scope(request)
+    tenant = _tenant(scope, request.POST.get("tenant", ""))
+    if not RoutingRule.objects.filter(tenant=tenant, pk=rule_id).exists():
+        raise Http404("No such rule in this tenant.")
+    if routing_rule_remove(tenant=tenant, admin=request.user, rule_id=rule_id):
+        messages.success(request, "Removed the rule; the requests it routed keep naming it.")
+    return _back(tenant)
