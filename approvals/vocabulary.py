@@ -189,6 +189,8 @@ class AuditKind(models.TextChoices):
     REVIEWER_TOKEN_REVOKED = "reviewer_token.revoked", "Reviewer token revoked"
     CALLBACK_REGISTERED = "callback.registered", "Callback registered"
     CALLBACK_REMOVED = "callback.removed", "Callback removed"
+    # A tool contract registered (created or changed) by a service, e.g. the MCP gateway.
+    TOOL_CONTRACT_REGISTERED = "tool_contract.registered", "Tool contract registered"
     # A proposal and its review.
     OCCURRENCE_PROPOSED = "occurrence.proposed", "Proposed"
     OCCURRENCE_AUTO_ADMITTED = "occurrence.auto_admitted", "Admitted by policy"
