@@ -71,7 +71,7 @@ def test_read_only_hint_passes_by_policy_other_tools_need_a_person() -> None:
     assert not read.gated
     assert idempotent.fields["replay_safety"] == "idempotent_with_key" and idempotent.gated
     assert plain.fields["replay_safety"] == "unsafe" and plain.gated
-    assert "approves each call" in plain.tool.description
+    assert "approves each call" in (plain.tool.description or "")
 
 
 def test_the_schema_is_closed_to_unknown_arguments() -> None:
