@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
+from django.db import close_old_connections
 from mcp import types
 
 from approvals.models import Occurrence
@@ -40,7 +41,14 @@ T = TypeVar("T")
 
 async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a database step in a worker thread (Django's ORM is synchronous)."""
-    return await anyio.to_thread.run_sync(lambda: func(*args, **kwargs))
+
+    def step() -> T:
+        # A worker thread keeps its connection between steps, with no request to end it:
+        # drop one the server closed (a restart, an idle timeout) before using it.
+        close_old_connections()
+        return func(*args, **kwargs)
+
+    return await anyio.to_thread.run_sync(step)
 
 
 def text_result(text: str, *, error: bool) -> types.CallToolResult:

@@ -145,7 +145,6 @@ def call_decision(call_id: uuid.UUID) -> Decision:
 class Claimed:
     arguments: dict[str, Any]  # as approved: the reviewer's edit, if any
     idempotency_key: str
-    edited: bool
 
 
 @dataclass(frozen=True)
@@ -203,11 +202,7 @@ def _claimed(call: GatewayCall) -> Claimed:
     command = call.command
     assert command is not None and command.approval is not None
     proposal = command.approval.proposal
-    return Claimed(
-        arguments=proposal.arguments,
-        idempotency_key=command.idempotency_key,
-        edited=proposal.version > 1,
-    )
+    return Claimed(arguments=proposal.arguments, idempotency_key=command.idempotency_key)
 
 
 def call_start(call_id: uuid.UUID) -> bool:

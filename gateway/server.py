@@ -207,7 +207,15 @@ async def serve(config: GatewayConfig, *, stdio: bool) -> None:
             else:
                 app = server.streamable_http_app(host=config.host)
                 http = uvicorn.Server(
-                    uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")
+                    uvicorn.Config(
+                        app,
+                        host=config.host,
+                        port=config.port,
+                        log_level="warning",
+                        # Requests still waiting for a decision do not hold a stop up: their
+                        # calls are in the journal, and the next start follows them.
+                        timeout_graceful_shutdown=5,
+                    )
                 )
                 print(
                     f"MCP gateway {config.name}: {len(gateway.tools)} tools at "

@@ -7,6 +7,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 
@@ -32,11 +33,7 @@ async def call(
     """Connect, list the tools, call ``tool`` and wait for its answer. With
     ``elicitation`` the client declares elicitation (form and URL mode) and accepts each."""
 
-    async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        assert isinstance(params, types.ElicitRequestURLParams), params
-        seen.elicitations.append(params)
-        seen.urls.put(params.url)
-        return types.ElicitResult(action="accept")
+    on_elicit = _accepting(seen)
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ElicitCompleteNotification):
@@ -63,3 +60,28 @@ async def call(
 
 def text_of(result: types.CallToolResult) -> str:
     return " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def call_and_hang_up(url: str, tool: str, arguments: dict[str, Any], seen: Seen) -> None:
+    """Call ``tool``, then disconnect (ending the MCP session) once the elicitation came,
+    before anyone decided: a client that went away mid-call."""
+    async with (
+        streamable_http_client(url) as streams,
+        ClientSession(streams[0], streams[1], elicitation_callback=_accepting(seen)) as session,
+    ):
+        await session.initialize()
+        async with anyio.create_task_group() as group:
+            group.start_soon(session.call_tool, tool, arguments)
+            while not seen.elicitations:
+                await anyio.sleep(0.05)
+            group.cancel_scope.cancel()
+
+
+def _accepting(seen: Seen) -> Any:
+    async def on_elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestURLParams), params
+        seen.elicitations.append(params)
+        seen.urls.put(params.url)
+        return types.ElicitResult(action="accept")
+
+    return on_elicit

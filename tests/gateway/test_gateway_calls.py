@@ -16,7 +16,7 @@ from gateway.models import GatewayCall
 from gateway.upstreams import IDEMPOTENCY_META_KEY
 from reconciliation.selectors.queue import queue_counts
 from tests.conftest import approve
-from tests.gateway.clients import Seen, call, text_of
+from tests.gateway.clients import Seen, call, call_and_hang_up, text_of
 from tests.gateway.conftest import Setup, in_thread, pending_occurrence
 from tests.reconciliation.worker_fixture import wait_until
 
@@ -176,6 +176,38 @@ def test_without_url_elicitation_the_client_gets_progress_while_it_waits(
     assert not result.is_error
     assert not seen.elicitations
     assert f"/reviews/{occurrence.pk}/" in seen.progress[0]
+
+
+def test_a_client_that_hangs_up_loses_nothing_and_a_new_call_needs_its_own_approval(
+    gateway_setup: Setup,
+) -> None:
+    gateway = gateway_setup.gateway
+    gateway.start()
+    seen = Seen()
+    in_thread(call_and_hang_up(gateway.url, "shop__issue_refund", REFUND, seen)).result()
+    occurrence = pending_occurrence("shop__issue_refund")
+    assert not gateway_setup.ledger.calls()
+
+    # Approved after the client left: the call still runs, once, and its effect is recorded.
+    approve(str(occurrence.pk), gateway_setup.reviewer)
+    journal = GatewayCall.objects.get(occurrence=occurrence)
+    wait_until("the call to settle", lambda: _state(journal) == "done", timeout=90)
+    assert len(gateway_setup.ledger.calls("issue_refund")) == 1
+    assert Command.objects.get(occurrence=occurrence).state == Command.State.COMMITTED
+
+    # The client reconnects and asks again: a new session, a new request, waiting for its
+    # own approval; the first approval ran its one call and authorizes nothing more.
+    again = in_thread(call(gateway.url, "shop__issue_refund", REFUND, Seen()))
+    wait_until(
+        "a second proposal",
+        lambda: Occurrence.objects.filter(tool__name="shop__issue_refund").count() == 2,
+    )
+    second = Occurrence.objects.exclude(pk=occurrence.pk).get(tool__name="shop__issue_refund")
+    assert second.status == Occurrence.Status.PENDING_REVIEW
+    assert len(gateway_setup.ledger.calls("issue_refund")) == 1
+    occurrence_reject(occurrence=second, reviewer=gateway_setup.reviewer, reason="Done already")
+    assert again.result().is_error
+    assert len(gateway_setup.ledger.calls("issue_refund")) == 1
 
 
 @pytest.mark.parametrize("point", ["before_claim", "after_claim"])

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -29,7 +30,7 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(f"{options['config']}: {exc}") from None
         if options["port"]:
-            config = config.__class__(**{**config.__dict__, "port": options["port"]})
+            config = dataclasses.replace(config, port=options["port"])
         try:
             asyncio.run(serve(config, stdio=options["stdio"]))
         except ConfigError as exc:
