@@ -49,6 +49,7 @@ SLOW_FIXTURES = frozenset(
         "broker",  # a real Redis for real Celery workers or bin/serve (worker_fixture.py)
         "workers",  # Celery worker and beat processes (worker_fixture.py)
         "asgi_server",  # gunicorn serving config/asgi.py (tests/serve/servers.py)
+        "gateway_setup",  # manage.py mcp_gateway and its MCP server (tests/gateway)
     }
 )
 

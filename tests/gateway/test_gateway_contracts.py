@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 from mcp import types
 
 from approvals.contracts import tool_contract_register
@@ -16,7 +18,7 @@ from approvals.models import AuditEvent, Tenant, ToolContract
 from approvals.vocabulary import AuditKind
 from gateway.config import ConfigError, parse_config
 from gateway.contracts import arguments_schema, contract_fields, gateway_tool
-from tests.conftest import Runtime
+from tests.conftest import PASSWORD, Runtime
 
 SCHEMA = {
     "type": "object",
@@ -193,3 +195,11 @@ def test_registered_contracts_are_listed_with_their_version(
     assert listed["shop__refund"]["version"] == 2
     assert listed["shop__refund"]["replay_safety"] == "idempotent_with_key"
     assert listed["issue_refund"]["version"] == 1
+
+
+def test_staff_read_the_journal_in_the_admin_and_cannot_change_it(tenant: Tenant) -> None:
+    get_user_model().objects.create_superuser("root", "root@example.com", PASSWORD)
+    client = Client()
+    assert client.login(username="root", password=PASSWORD)
+    assert client.get("/admin/gateway/gatewaycall/").status_code == 200
+    assert client.get("/admin/gateway/gatewaycall/add/").status_code == 403
