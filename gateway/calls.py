@@ -183,7 +183,7 @@ class Calls:
             result_digest=effect.receipt,
             detail=effect.detail,
         )
-        return _answer(effect, claimed.arguments, follower.asked)
+        return _answer(effect, claimed.arguments, follower.asked, tool.sensitive)
 
     async def _wait(self, call_id: uuid.UUID) -> types.CallToolResult | None:
         """Wait for the decision; the answer when the call will not run, else None."""
@@ -230,7 +230,10 @@ def _sentence(reason: str) -> str:
 
 
 def _answer(
-    effect: Effect, arguments: dict[str, Any], asked: dict[str, Any] | None
+    effect: Effect,
+    arguments: dict[str, Any],
+    asked: dict[str, Any] | None,
+    sensitive: tuple[str, ...] = (),
 ) -> types.CallToolResult:
     if effect.outcome == ReportedOutcome.OUTCOME_UNKNOWN or effect.result is None:
         return text_result(UNKNOWN.format(detail=effect.detail), error=True)
@@ -239,10 +242,16 @@ def _answer(
         note = types.TextContent(
             type="text",
             text="A reviewer changed the arguments before approving; the call ran with "
-            f"{json.dumps(arguments, sort_keys=True)}.",
+            f"{json.dumps(_masked(arguments, sensitive), sort_keys=True)}.",
         )
         result = result.model_copy(update={"content": [note, *result.content]})
     return result
+
+
+def _masked(arguments: dict[str, Any], sensitive: tuple[str, ...]) -> dict[str, Any]:
+    """The arguments with the sensitive ones' values left out (the model sent them; the
+    gateway does not repeat them)."""
+    return {k: "(sensitive)" if k in sensitive else v for k, v in arguments.items()}
 
 
 def _done_result(call_id: uuid.UUID) -> types.CallToolResult:

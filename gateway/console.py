@@ -33,7 +33,7 @@ from approvals.access.runtime_keys import runtime_key_authenticate
 from approvals.claims.delivery import approval_deliver_token
 from approvals.contracts import tool_contract_register
 from approvals.errors import InputError, ServiceError
-from approvals.models import Command, Occurrence, RuntimeKey, Tenant
+from approvals.models import Command, Occurrence, RuntimeKey, Tenant, ToolContract
 from approvals.reviews.proposals import occurrence_propose
 from approvals.vocabulary import ADMITTING, ReportedOutcome
 from gateway.config import ConfigError, GatewayConfig, Upstream
@@ -66,18 +66,27 @@ def link_for(upstream: Upstream) -> Link:
 
 def contracts_register(
     config: GatewayConfig, tools: list[GatewayTool], links: dict[str, Link]
-) -> int:
-    """Register every tool's contract; returns how many registrations changed one."""
-    changed = 0
+) -> tuple[int, dict[str, str]]:
+    """Register every tool's contract. Returns how many registrations changed one, and the
+    tools the console refused, with why: the gateway does not offer those."""
+    changed, refused = 0, {}
+    name_length = ToolContract._meta.get_field("name").max_length or 100
     for tool in tools:
-        _, did = tool_contract_register(
-            name=tool.name,
-            fields=tool.fields,
-            tenant=links[tool.upstream.name].tenant,
-            actor=f"gateway:{config.name}",
-        )
+        if len(tool.name) > name_length:
+            refused[tool.name] = f"the name is longer than {name_length} characters"
+            continue
+        try:
+            _, did = tool_contract_register(
+                name=tool.name,
+                fields=tool.fields,
+                tenant=links[tool.upstream.name].tenant,
+                actor=f"gateway:{config.name}",
+            )
+        except ServiceError as exc:
+            refused[tool.name] = exc.message
+            continue
         changed += did
-    return changed
+    return changed, refused
 
 
 def execution_id_for(gateway: str, session_id: str, request_id: str) -> str:

@@ -64,9 +64,15 @@ class Gateway:
                 offered = gateway_tool(session.upstream, tool)
                 self.tools[offered.name] = offered
             logger.info("upstream %s connected", name)
-        changed = await in_thread(
+        changed, refused = await in_thread(
             console.contracts_register, self.config, list(self.tools.values()), self.links
         )
+        for name, why in refused.items():
+            # Not offered: a call could never be proposed under a contract that is not there.
+            logger.warning(
+                "tool %s is not offered: the console refused its contract: %s", name, why
+            )
+            self.tools.pop(name)
         logger.info(
             "%d tools offered, %d contracts registered or changed", len(self.tools), changed
         )

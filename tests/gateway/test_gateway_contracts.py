@@ -15,9 +15,11 @@ from mcp import types
 from approvals.contracts import tool_contract_register
 from approvals.errors import ServiceError
 from approvals.models import AuditEvent, Tenant, ToolContract
-from approvals.vocabulary import AuditKind
+from approvals.vocabulary import AuditKind, ReportedOutcome
+from gateway import calls, console
 from gateway.config import ConfigError, parse_config
 from gateway.contracts import arguments_schema, contract_fields, gateway_tool
+from gateway.upstreams import Effect
 from tests.conftest import PASSWORD, Runtime
 
 SCHEMA = {
@@ -203,3 +205,44 @@ def test_staff_read_the_journal_in_the_admin_and_cannot_change_it(tenant: Tenant
     assert client.login(username="root", password=PASSWORD)
     assert client.get("/admin/gateway/gatewaycall/").status_code == 200
     assert client.get("/admin/gateway/gatewaycall/add/").status_code == 403
+
+
+def test_a_tool_whose_contract_the_console_refuses_is_not_offered(
+    tenant: Tenant, runtime: Runtime
+) -> None:
+    config = parse_config(
+        "[upstreams.shop]\nurl='http://x/mcp'\ntenant='acme'\nruntime_key_env='KEY'",
+        environ={"KEY": runtime.raw_key},
+    )
+    shop = config.upstreams[0]
+    broken = types.Tool(name="broken", input_schema={"properties": {"a": {"type": 5}}})
+    tools = [
+        gateway_tool(shop, tool("fine")),
+        gateway_tool(shop, broken),
+        gateway_tool(shop, tool("x" * 100)),
+    ]
+    links = {"shop": console.Link(tenant=tenant, runtime_key=runtime.key)}
+
+    changed, refused = console.contracts_register(config, tools, links)
+
+    assert changed == 1
+    assert sorted(refused) == ["shop__broken", "shop__" + "x" * 100]
+    assert "Invalid JSON Schema" in refused["shop__broken"]
+    assert ToolContract.objects.filter(name="shop__fine").exists()
+
+
+def test_the_edit_note_names_the_arguments_that_ran_but_no_sensitive_value() -> None:
+    ran = types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
+    effect = Effect(ReportedOutcome.COMMITTED, "digest", "", ran)
+    answer = calls._answer(
+        effect,
+        {"order_id": "o1", "card_number": "4111", "amount_minor": 100},
+        {"order_id": "o1", "card_number": "4111", "amount_minor": 900},
+        ("card_number",),
+    )
+    note = answer.content[0]
+    assert isinstance(note, types.TextContent)
+    assert '"amount_minor": 100' in note.text and "4111" not in note.text
+    assert answer.content[1] == ran.content[0]
+    unchanged = calls._answer(effect, {"a": 1}, {"a": 1})
+    assert unchanged.content == ran.content
