@@ -237,15 +237,21 @@ def call_settle(
         )
         if call.state != GatewayCall.State.CALLING or call.command is None:
             return
-        command_report_effect(
-            tenant=link.tenant,
-            command_id=call.command.pk,
-            execution_id=call.execution_id,
-            outcome=ReportedOutcome(outcome),
-            actor=f"gateway:{call.gateway}",
-            receipt=result_digest,
-            detail=detail[:2000],
-        )
+        try:
+            command_report_effect(
+                tenant=link.tenant,
+                command_id=call.command.pk,
+                execution_id=call.execution_id,
+                outcome=ReportedOutcome(outcome),
+                actor=f"gateway:{call.gateway}",
+                receipt=result_digest,
+                detail=detail[:2000],
+            )
+        except ServiceError as exc:
+            # The effect moved on without the gateway (an operator settled it while the
+            # gateway was down): the console's record stands; the journal says so and closes,
+            # rather than retrying the report at every start.
+            detail = f"{detail} (report refused: {exc.code}: {exc.message})".strip()
         GatewayCall.objects.filter(pk=call_id).update(
             state=GatewayCall.State.DONE,
             outcome=outcome,
