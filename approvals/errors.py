@@ -51,6 +51,9 @@ class ErrorCode(StrEnum):
     NOT_YOUR_COMMAND = "not_your_command"
     EPOCH_CHANGED = "epoch_changed"
     EXECUTED_BY_CONSOLE = "executed_by_console"
+    # A registration (approvals.contracts) that would change what a contract means in a way
+    # a registration may not: a console-executed contract, or a schema the console refuses.
+    CONTRACT_NOT_REGISTRABLE = "contract_not_registrable"
     EFFECT_ALREADY_RECORDED = "effect_already_recorded"
     EFFECT_COMMITTED = "effect_committed"
     NEEDS_RECONCILIATION = "needs_reconciliation"

@@ -193,6 +193,8 @@ class AuditKind(models.TextChoices):
     ROUTING_GROUP_SAVED = "routing.group_saved", "Reviewer group saved"
     ROUTING_RULE_SAVED = "routing.rule_saved", "Routing rule saved"
     ROUTING_RULE_REMOVED = "routing.rule_removed", "Routing rule removed"
+    # A tool contract registered (created or changed) by a service, e.g. the MCP gateway.
+    TOOL_CONTRACT_REGISTERED = "tool_contract.registered", "Tool contract registered"
     # A proposal and its review.
     OCCURRENCE_PROPOSED = "occurrence.proposed", "Proposed"
     OCCURRENCE_AUTO_ADMITTED = "occurrence.auto_admitted", "Admitted by policy"

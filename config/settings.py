@@ -59,6 +59,8 @@ INSTALLED_APPS = [
     "axes",
     "approvals",
     "reconciliation",
+    # The MCP gateway (manage.py mcp_gateway): above both, its journal in this database.
+    "gateway",
     # The console's own system checks (config/checks.py).
     "config.apps.ConsoleConfig",
 ]

@@ -6,12 +6,14 @@ import importlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from playwright.sync_api import Browser, Playwright, sync_playwright
 
 from approvals.access.runtime_keys import runtime_key_create
 from approvals.access.tenancy import tenant_create
@@ -47,6 +49,7 @@ SLOW_FIXTURES = frozenset(
         "broker",  # a real Redis for real Celery workers or bin/serve (worker_fixture.py)
         "workers",  # Celery worker and beat processes (worker_fixture.py)
         "asgi_server",  # gunicorn serving config/asgi.py (tests/serve/servers.py)
+        "gateway_setup",  # manage.py mcp_gateway and its MCP server (tests/gateway)
     }
 )
 
@@ -126,6 +129,41 @@ def make_user(username: str, tenant: Tenant, *roles: str) -> Any:
 def make_runtime(tenant: Tenant, name: str = "agent") -> Runtime:
     key, raw = runtime_key_create(tenant=tenant, name=name)
     return Runtime(key=key, raw_key=raw, client=Client(HTTP_AUTHORIZATION=f"Bearer {raw}"))
+
+
+# Debian's Chromium, driven by Playwright's sync API (tests/browser/conftest.py has the
+# pages' fixtures). One Playwright and one browser for the session, defined here once, so
+# that every directory's browser tests share them: the sync API keeps its event loop on
+# the main thread, and a second instance started beside it fails ("Playwright Sync API
+# inside the asyncio loop"). A test that uses them is sync; an async client it needs runs
+# in a thread of its own (tests/gateway/conftest.py).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    instance = sync_playwright().start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM}")
+    # Never let Playwright fetch a browser of its own: always the system Chromium.
+    instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield instance
+    instance.close()
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("approvals", "reconciliation", "demo", "config")
+PACKAGES = ("approvals", "reconciliation", "gateway", "demo", "config")
 LIMIT = 600
 
 

@@ -86,6 +86,11 @@ class ToolOut(Schema):
         "without a review, with the original reason.",
     )
     approvals_needed: ApprovalsNeededOut
+    version: int = Field(
+        1,
+        description="The contract's version: each registration that changes it (the MCP "
+        "gateway's, say) adds one, audited as `tool_contract.registered`.",
+    )
 
 
 class ToolsOut(Schema):
@@ -122,6 +127,7 @@ def _tool_out(contract: ToolContract) -> dict[str, Any]:
         "review_deadline_seconds": _seconds(contract.review_deadline),
         "final_deadline_seconds": _seconds(contract.final_deadline),
         "reject_repeats": contract.reject_repeats,
+        "version": contract.version,
         "approvals_needed": {
             "rule": quorum_rule(contract),
             "approvals_required": contract.approvals_required,

@@ -108,6 +108,11 @@ class ToolContract(models.Model):
         help_text="Arguments that never leave the console: notifications (e-mail, Slack, "
         'webhooks) leave them out. ["iban", "note"].',
     )
+    # Bumped by ``tool_contract_register`` (approvals.contracts) each time a registration
+    # changes the contract; each registration is audited with the version it made.
+    version = models.PositiveIntegerField(
+        default=1, help_text="Bumped by each registration that changes the contract."
+    )
     reject_repeats = models.BooleanField(
         default=False,
         help_text="Reject, without a review, a proposal repeating an action a reviewer "

@@ -24,7 +24,7 @@ from reconciliation.investigations.facts import COMMITTED_KIND, REDELIVERED_KIND
 from reconciliation.models import OperatorDecision
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("approvals", "reconciliation")
+PACKAGES = ("approvals", "reconciliation", "gateway")
 VOCABULARY = ROOT / "approvals" / "vocabulary.py"
 # Modules that run without Django and so cannot import the vocabulary: their copies of a
 # kind are held equal to the member by ``test_the_surfaces_name_members``.
@@ -48,6 +48,7 @@ STORED = {
     "routing.group_saved",
     "routing.rule_saved",
     "routing.rule_removed",
+    "tool_contract.registered",
     "occurrence.proposed",
     "occurrence.auto_admitted",
     "occurrence.rejected",

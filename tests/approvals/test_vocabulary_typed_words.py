@@ -28,7 +28,7 @@ from approvals.vocabulary import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("approvals", "reconciliation", "config")
+PACKAGES = ("approvals", "reconciliation", "gateway", "config")
 # The homes of the words, and modules that cannot import them: the settings (a logging
 # handler called "console" is no executor) and ``replay_scan``, which runs without Django
 # (its copies are held equal by ``test_vocabulary_audit_kinds.test_the_surfaces_name_members``).
@@ -226,6 +226,7 @@ STORED_CODES = {
     "not_your_command",
     "epoch_changed",
     "executed_by_console",
+    "contract_not_registrable",
     "effect_already_recorded",
     "effect_committed",
     "needs_reconciliation",

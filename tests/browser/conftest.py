@@ -1,5 +1,9 @@
 """Browser fixtures: Debian's Chromium driven by Playwright's sync API against live_server.
 
+The session's one Playwright and Chromium (``playwright``, ``browser``) are in
+tests/conftest.py, so that browser tests elsewhere (tests/gateway) share them: a second
+sync Playwright started on the main thread while the first runs fails.
+
 Playwright's sync API keeps an asyncio event loop on the main thread, and Django refuses
 ORM calls from a thread with a running loop. The tests here call the ORM and the agent API
 (through Django's test Client) between browser steps on purpose, so that guard is lifted
@@ -24,47 +28,18 @@ from playwright.sync_api import (
     Browser,
     BrowserContext,
     Page,
-    Playwright,
     Request,
     expect,
-    sync_playwright,
 )
 
 from tests.conftest import PASSWORD
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 VIEWPORT = {"width": 1280, "height": 900}
 
 # The decision panel polls about every 2 s; a state change must show within a few polls.
 STATE_TIMEOUT_MS = 10_000
 
 FINAL_STATES = {"consumed", "rejected", "revoked", "expired"}
-
-
-@pytest.fixture(scope="session")
-def playwright() -> Iterator[Playwright]:
-    instance = sync_playwright().start()
-    yield instance
-    instance.stop()
-
-
-@pytest.fixture(scope="session")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM}")
-    # Never let Playwright fetch a browser of its own: always the system Chromium.
-    instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    yield instance
-    instance.close()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
