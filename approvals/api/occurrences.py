@@ -111,7 +111,10 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
         requested_by=payload.requested_by or "",
         client_ref=payload.client_ref or "",
     )
-    occurrence = occurrence_detail_queryset().get(pk=occurrence.pk)
+    if not created:
+        # A retry: the first occurrence as it is now (a reviewer may have decided or edited
+        # it). A new one carries what was written (its tool and its proposal).
+        occurrence = occurrence_detail_queryset().get(pk=occurrence.pk)
     metrics.proposal_received(occurrence, created)
     body = {
         "occurrence_id": str(occurrence.pk),

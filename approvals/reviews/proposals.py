@@ -18,7 +18,7 @@ from django.db.models import (
 )
 
 from approvals import vocabulary
-from approvals.audit.record import audit_record, db_now
+from approvals.audit.record import audit_append, audit_event_new, audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.canonical.form import CanonicalAction, canonicalize
 from approvals.canonical.schema import validate_arguments
@@ -32,7 +32,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
-from approvals.reviews.deadlines import deadlines_from
+from approvals.reviews.deadlines import deadlines_now
 from approvals.vocabulary import (
     AuditKind,
     EventDecision,
@@ -69,14 +69,14 @@ def occurrence_propose(
     When the contract sets ``reject_repeats`` and a reviewer already rejected this action
     (same digest) in the same run, the new occurrence is rejected at once by policy, with
     the original reason (audited as ``occurrence.rejected``, reason ``repeat_of_rejected``).
+
+    A new occurrence comes back carrying what was written (its tool, its tenant, its one
+    proposal as ``proposals.all()``), so an answer needs no read of it. A retry is found by
+    the unique constraint on (tenant, run, ``client_ref``), not by a read before every
+    insert: its insert fails, the savepoint rolls back, and the first occurrence is read.
     """
     tenant = runtime_key.tenant
     contract, action = action_canonical(tool, arguments)
-
-    if client_ref:
-        existing = _existing_for_client_ref(tenant, run_id, client_ref, action.digest)
-        if existing is not None:
-            return existing, False
 
     auto = contract.auto_admit and contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY
     repeat_of = None
@@ -85,7 +85,7 @@ def occurrence_propose(
         repeat_of = prior[0] if prior else None
     try:
         with transaction.atomic():
-            deadlines = {} if auto else deadlines_from(contract, db_now())
+            deadlines = {} if auto else deadlines_now(contract)
             occurrence = Occurrence.objects.create(
                 tenant=tenant,
                 runtime_key=runtime_key,
@@ -100,29 +100,39 @@ def occurrence_propose(
                 admission_justification=Epoch.Justification.READ_ONLY.value if auto else "",
                 **deadlines,
             )
-            Proposal.objects.create(
+            proposal = Proposal.objects.create(
                 occurrence=occurrence,
                 version=1,
                 canonical_action=action.canonical,
                 action_digest=action.digest,
             )
-            audit_record(
-                kind=AuditKind.OCCURRENCE_PROPOSED,
-                tenant=tenant,
-                occurrence=occurrence,
-                actor=f"runtime:{runtime_key.name}",
-                data={"tool": tool, "version": 1, "action_digest": action.digest, "run_id": run_id},
-            )
-            if auto:
-                audit_record(
-                    kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
+            events = [
+                audit_event_new(
+                    kind=AuditKind.OCCURRENCE_PROPOSED,
                     tenant=tenant,
                     occurrence=occurrence,
-                    actor="policy",
-                    decision=EventDecision.AUTO_ADMITTED,
-                    reason_code=EventReason.POLICY_READ_ONLY,
-                    data={"justification": "The tool contract is read-only and auto-admitted."},
+                    actor=f"runtime:{runtime_key.name}",
+                    data={
+                        "tool": tool,
+                        "version": 1,
+                        "action_digest": action.digest,
+                        "run_id": run_id,
+                    },
                 )
+            ]
+            if auto:
+                events.append(
+                    audit_event_new(
+                        kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
+                        tenant=tenant,
+                        occurrence=occurrence,
+                        actor="policy",
+                        decision=EventDecision.AUTO_ADMITTED,
+                        reason_code=EventReason.POLICY_READ_ONLY,
+                        data={"justification": "The tool contract is read-only and auto-admitted."},
+                    )
+                )
+            audit_append(events)
             if repeat_of is not None:
                 _reject_repeat(occurrence, repeat_of)
     except IntegrityError:
@@ -135,7 +145,23 @@ def occurrence_propose(
         if existing is None:
             raise
         return existing, False
+    _carries_its_proposal(occurrence, proposal)
     return occurrence, True
+
+
+def _carries_its_proposal(occurrence: Occurrence, proposal: Proposal) -> None:
+    """Let ``occurrence.proposals.all()`` answer with the one proposal just written, as
+    ``prefetch_related`` would have read it, so the API's answer reads nothing back.
+
+    Django offers no public way to hand a relation rows it already has: this does what its
+    ``prefetch_related`` does with the rows it fetched (a queryset whose result cache is
+    filled, kept in the instance's ``_prefetched_objects_cache``). A new occurrence's
+    proposals are known exactly; anything but ``all()`` (``get``, ``filter``) still asks
+    the database."""
+    proposals = Proposal.objects.filter(occurrence=occurrence)
+    proposals._result_cache = [proposal]  # type: ignore[attr-defined]
+    proposals._prefetch_done = True  # type: ignore[attr-defined]
+    occurrence._prefetched_objects_cache = {"proposals": proposals}  # type: ignore[attr-defined]
 
 
 def _reject_repeat(occurrence: Occurrence, repeat_of: PriorDecision) -> None:
@@ -147,7 +173,10 @@ def _reject_repeat(occurrence: Occurrence, repeat_of: PriorDecision) -> None:
         decided_at=now,
         updated_at=now,
     )
-    occurrence.refresh_from_db()
+    # What the UPDATE wrote, without reading it back.
+    occurrence.status = Occurrence.Status.REJECTED
+    occurrence.rejection_reason = repeat_of.reason
+    occurrence.decided_at = occurrence.updated_at = now
     callback_delivery_create(
         audit_record(
             kind=AuditKind.OCCURRENCE_REJECTED,
