@@ -34,7 +34,7 @@ from approvals.api.schemas import (
     TokenIn,
     TokenOut,
 )
-from approvals.claims.delivery import approval_deliver_token
+from approvals.claims.delivery import approval_deliver, pickup_read
 from approvals.errors import InputError
 from approvals.models import (
     Command,
@@ -51,6 +51,7 @@ from approvals.reviews.selectors import (
     current_proposal,
     occurrence_detail_queryset,
     occurrence_get_for_tenant,
+    parse_uuid,
 )
 from approvals.reviews.selectors import occurrence_lookup as occurrence_of_client_ref
 from approvals.vocabulary import ReviewOutcome, ReviewOutcomeLiteral
@@ -449,10 +450,16 @@ def token_pickup(
     token is void, and a claim with it is `replayed`, reason `token_redelivered`). Another
     execution gets 409 token_already_delivered; an ask after the claim gets 409 claimed
     with `details.command_id` and `details.execution_id`."""
-    occurrence = _get_occurrence(request, occurrence_id)
-    delivered = approval_deliver_token(
+    key = runtime_key_of(request)
+    pk = parse_uuid(occurrence_id)
+    found = pickup_read(tenant_id=key.tenant_id, occurrence_id=pk) if pk is not None else None
+    if found is None:
+        raise Http404
+    occurrence, approval = found
+    delivered = approval_deliver(
         occurrence=occurrence,
-        runtime_key=runtime_key_of(request),
+        approval=approval,
+        runtime_key=key,
         execution_id=(payload.execution_id or "") if payload is not None else "",
     )
     # The one answer that carries a raw token: no cache, proxy or browser may keep it
