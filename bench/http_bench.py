@@ -35,8 +35,9 @@ double-approved) or any request got an answer other than its arm's, 2 if it cann
 ``--with-worker`` measures ``bin/serve``'s other configuration, everything on one host: it
 also starts what ``bin/serve`` starts beside gunicorn, with its commands (the Celery worker
 on the ``celery`` queue, ``CELERY_CONCURRENCY`` processes, by default the cores; the
-callbacks worker, ``CALLBACK_CONCURRENCY``, 2; beat), and the sandbox payments service of
-``demo/sandbox.py`` as the remote API the worker delivers the claims' refunds to. It prints
+callbacks worker, ``CALLBACK_CONCURRENCY``, 2; beat), and a stub payments API that answers
+every refund at once, standing in for the remote API the worker delivers the claims'
+refunds to (its CPU is not counted). It prints
 the worker tier's CPU per claim and how many of the claims' commands the worker committed.
 The pgbench arm's commands are marked executed by the runtime once measured, so the outbox
 sweep does not deliver them during the HTTP arms. Give it a database and a Redis of its own
@@ -330,28 +331,51 @@ def _cpu_of(pids: list[int]) -> float:
     return total / ticks
 
 
-SANDBOX_KEY = "sk_http_bench"
-SANDBOX = (
-    "import sys; from pathlib import Path; from demo.sandbox import serve; "
-    "serve(port=int(sys.argv[1]), data_path=Path(sys.argv[2]), api_key=sys.argv[3])"
-)
+PAYMENTS_KEY = "sk_http_bench"
+# The remote payments API the worker delivers the claims' refunds to, standing in for one
+# on another host: it answers every refund at once (201, a receipt) and keeps nothing.
+# (demo/sandbox.py rewrites its whole state file on every request, so past a few hundred
+# refunds it, not the worker, set the pace of the deliveries, on the cores measured.)
+PAYMENTS_STUB = """
+import itertools, json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+receipts = itertools.count(1)
+
+class Refunds(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"id": f"re_{next(receipts)}", "status": "succeeded"}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Refunds).serve_forever()
+"""
 
 
 class WorkerTier:
     """What ``bin/serve`` starts beside gunicorn (the worker, the callbacks worker, beat),
-    with its commands and the server's environment, and the sandbox payments service the
-    worker delivers to. ``env_for_server`` is what gunicorn needs to know of it."""
+    with its commands and the server's environment, and the stub payments API the worker
+    delivers to. ``env_for_server`` is what gunicorn needs to know of it."""
 
     def __init__(self, workdir: Path, concurrency: int | None) -> None:
         self.workdir = workdir
-        self.sandbox_port = free_port()
+        self.payments_port = free_port()
         self.concurrency = concurrency or os.cpu_count() or 2
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def env_for_server(self) -> dict[str, str]:
         return {
-            "PAYMENTS_URL": f"http://127.0.0.1:{self.sandbox_port}",
-            "PAYMENTS_API_KEY": SANDBOX_KEY,
+            "PAYMENTS_URL": f"http://127.0.0.1:{self.payments_port}",
+            "PAYMENTS_API_KEY": PAYMENTS_KEY,
             "CELERY_CONCURRENCY": str(self.concurrency),
         }
 
@@ -369,12 +393,7 @@ class WorkerTier:
 
     def start(self, env: dict[str, str]) -> None:
         celery = str(Path(sys.executable).with_name("celery"))
-        data = str(self.workdir / "sandbox.json")
-        self._start(
-            "sandbox",
-            [sys.executable, "-c", SANDBOX, str(self.sandbox_port), data, SANDBOX_KEY],
-            env,
-        )
+        self._start("payments", [sys.executable, "-c", PAYMENTS_STUB, str(self.payments_port)], env)
         self._start(
             "worker",
             [
@@ -403,16 +422,16 @@ class WorkerTier:
         )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
-            with suppress(OSError), socket.create_connection(("127.0.0.1", self.sandbox_port), 1):
+            with suppress(OSError), socket.create_connection(("127.0.0.1", self.payments_port), 1):
                 return
             time.sleep(0.25)
         self.stop()
-        fail("the sandbox payments service did not start")
+        fail("the stub payments API did not start")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the worker tier (the sandbox not counted: it stands for a
-        remote API)."""
-        pids = [p.pid for name, p in self.procs.items() if name != "sandbox"]
+        """User + system CPU of the worker tier (the stub payments API not counted: it
+        stands for a remote API)."""
+        pids = [p.pid for name, p in self.procs.items() if name != "payments"]
         return _cpu_of([*pids, *(c for pid in pids for c in _children(pid))])
 
     def stop(self) -> None:
@@ -1015,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         "--with-worker",
         action="store_true",
         help="also start bin/serve's Celery worker, callbacks worker and beat on this host "
-        "(and the sandbox payments service they deliver to)",
+        "(and a stub payments API they deliver to)",
     )
     parser.add_argument(
         "--celery-concurrency",
@@ -1081,7 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"with the worker tier on the same host (bin/serve): worker "
                 f"CELERY_CONCURRENCY={tier.concurrency}, callbacks worker, beat; the claims' "
-                f"refunds delivered to the sandbox payments service"
+                f"refunds delivered to a stub payments API that answers at once"
             )
         delivered = ""
         try:
