@@ -333,9 +333,10 @@ def _cpu_of(pids: list[int]) -> float:
 
 PAYMENTS_KEY = "sk_http_bench"
 # The remote payments API the worker delivers the claims' refunds to, standing in for one
-# on another host: it answers every refund at once (201, a receipt) and keeps nothing.
-# (demo/sandbox.py rewrites its whole state file on every request, so past a few hundred
-# refunds it, not the worker, set the pace of the deliveries, on the cores measured.)
+# on another host: it answers every refund at once (201, a receipt) and keeps nothing, so
+# what shares the cores with the web tier is the worker tier alone. (demo/sandbox.py
+# rewrites its whole state file on every request: its CPU, growing with the refunds, would
+# be on the measured host too. Measured both ways, the worker delivered about as many.)
 PAYMENTS_STUB = """
 import itertools, json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
