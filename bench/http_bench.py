@@ -4,11 +4,13 @@
     REDIS_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/http_bench.py [--requests 2000]
     .venv/bin/python bench/http_bench.py --tiny          # a few requests per arm: it runs
     .venv/bin/python bench/http_bench.py --profile       # where a claim's time goes
+    .venv/bin/python bench/http_bench.py --with-worker   # bin/serve with its worker and beat
 
-One invocation starts gunicorn exactly as ``bin/serve`` does (``config/gunicorn.conf.py``,
-DEBUG off, the PostgreSQL of DATABASE_URL, the Celery broker of CELERY_BROKER_URL or
-REDIS_URL; no Celery worker, so the claims' deliveries stay queued), and measures, with 8
-keep-alive connections of a small asyncio client that sends prebuilt requests:
+One invocation starts gunicorn exactly as ``bin/serve --no-worker --no-beat`` does
+(``config/gunicorn.conf.py``, DEBUG off, the PostgreSQL of DATABASE_URL, the Celery broker of
+CELERY_BROKER_URL or REDIS_URL; no Celery worker, so the claims' deliveries stay queued), and
+measures, with 8 keep-alive connections of a small asyncio client that sends prebuilt
+requests:
 
   pgbench      the claim's essential SQL through pgbench (-M prepared): UPDATE approval,
                INSERT command, INSERT audit event, one transaction; the database's limit
@@ -29,6 +31,17 @@ It prints each arm's rate, p50/p95/p99, the server's and the client's CPU per re
 the ratios the issue sets targets for: claim/pgbench (>= 0.10), claim/cheapest (>= 0.8),
 auto/pgbench (>= 0.10). It exits 1 if any approval has other than one command (a claim
 double-approved) or any request got an answer other than its arm's, 2 if it cannot run.
+
+``--with-worker`` measures ``bin/serve``'s other configuration, everything on one host: it
+also starts what ``bin/serve`` starts beside gunicorn, with its commands (the Celery worker
+on the ``celery`` queue, ``CELERY_CONCURRENCY`` processes, by default the cores; the
+callbacks worker, ``CALLBACK_CONCURRENCY``, 2; beat), and a stub payments API that answers
+every refund at once, standing in for the remote API the worker delivers the claims'
+refunds to (its CPU is not counted). It prints
+the worker tier's CPU per claim and how many of the claims' commands the worker committed.
+The pgbench arm's commands are marked executed by the runtime once measured, so the outbox
+sweep does not deliver them during the HTTP arms. Give it a database and a Redis of its own
+(a run without the worker leaves its commands queued, which this one would deliver).
 
 The server gets ``API_RATE_LIMIT`` = 1,000,000,000 (the bench's key makes far more than
 the default 600 requests a minute) and plain-HTTP cookies on the loopback; everything else
@@ -241,6 +254,7 @@ class Server:
             argv.append(app)
         self.argv, self.env = argv, env
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tier: WorkerTier | None = None  # with --with-worker: measured beside it
 
     def start(self) -> None:
         with self.log.open("wb") as out:
@@ -297,6 +311,143 @@ class Server:
         proc.wait()
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.split("/")[2]))
+    return found
+
+
+def _cpu_of(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+PAYMENTS_KEY = "sk_http_bench"
+# The remote payments API the worker delivers the claims' refunds to, standing in for one
+# on another host: it answers every refund at once (201, a receipt) and keeps nothing, so
+# what shares the cores with the web tier is the worker tier alone. (demo/sandbox.py
+# rewrites its whole state file on every request: its CPU, growing with the refunds, would
+# be on the measured host too. Measured both ways, the worker delivered about as many.)
+PAYMENTS_STUB = """
+import itertools, json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+receipts = itertools.count(1)
+
+class Refunds(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"id": f"re_{next(receipts)}", "status": "succeeded"}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Refunds).serve_forever()
+"""
+
+
+class WorkerTier:
+    """What ``bin/serve`` starts beside gunicorn (the worker, the callbacks worker, beat),
+    with its commands and the server's environment, and the stub payments API the worker
+    delivers to. ``env_for_server`` is what gunicorn needs to know of it."""
+
+    def __init__(self, workdir: Path, concurrency: int | None) -> None:
+        self.workdir = workdir
+        self.payments_port = free_port()
+        self.concurrency = concurrency or os.cpu_count() or 2
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def env_for_server(self) -> dict[str, str]:
+        return {
+            "PAYMENTS_URL": f"http://127.0.0.1:{self.payments_port}",
+            "PAYMENTS_API_KEY": PAYMENTS_KEY,
+            "CELERY_CONCURRENCY": str(self.concurrency),
+        }
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        with (self.workdir / f"{name}.log").open("wb") as out:
+            self.procs[name] = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def start(self, env: dict[str, str]) -> None:
+        celery = str(Path(sys.executable).with_name("celery"))
+        self._start("payments", [sys.executable, "-c", PAYMENTS_STUB, str(self.payments_port)], env)
+        self._start(
+            "worker",
+            [
+                *(celery, "-A", "config", "worker", "--pool", "prefork", "-Q", "celery"),
+                *("--concurrency", str(self.concurrency), "--loglevel", "WARNING"),
+                *("--hostname", f"http-bench-{os.getpid()}@%h"),
+            ],
+            env,
+        )
+        self._start(
+            "callbacks-worker",
+            [
+                *(celery, "-A", "config", "worker", "--pool", "prefork", "-Q", "callbacks"),
+                *("--concurrency", env.get("CALLBACK_CONCURRENCY", "2"), "--loglevel", "WARNING"),
+                *("--hostname", f"http-bench-callbacks-{os.getpid()}@%h"),
+            ],
+            env,
+        )
+        self._start(
+            "beat",
+            [
+                *(celery, "-A", "config", "beat", "--loglevel", "WARNING"),
+                *("--schedule", str(self.workdir / "celerybeat-schedule")),
+            ],
+            env,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            with suppress(OSError), socket.create_connection(("127.0.0.1", self.payments_port), 1):
+                return
+            time.sleep(0.25)
+        self.stop()
+        fail("the stub payments API did not start")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the worker tier (the stub payments API not counted: it
+        stands for a remote API)."""
+        pids = [p.pid for name, p in self.procs.items() if name != "payments"]
+        return _cpu_of([*pids, *(c for pid in pids for c in _children(pid))])
+
+    def stop(self) -> None:
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=40)
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 # --- the client: keep-alive connections sending prebuilt requests -------------------------
 
 
@@ -318,6 +469,7 @@ def request_bytes(
 @dataclass
 class Measured:
     name: str
+    tier_cpu: float = 0.0  # with --with-worker: the worker tier's CPU during the arm
     requests: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # seconds, sorted
@@ -396,8 +548,11 @@ def run_http(
     end = len(requests) - tail
     before = asyncio.run(_drive(server.port, requests[:warmup], keep))[0] if warmup else None
     server_cpu, client_cpu = server.cpu_seconds(), time.process_time()
+    tier_cpu = server.tier.cpu_seconds() if server.tier else 0.0
     measured, _ = asyncio.run(_drive(server.port, requests[warmup:end], keep))
     measured.server_cpu = server.cpu_seconds() - server_cpu
+    if server.tier:
+        measured.tier_cpu = server.tier.cpu_seconds() - tier_cpu
     measured.client_cpu = time.process_time() - client_cpu
     after = asyncio.run(_drive(server.port, requests[end:], keep))[0] if tail else None
     measured.name = name
@@ -844,18 +999,24 @@ def profile_report(out: Path, parts: list[tuple[str, str, str]]) -> None:
 # --- main ---------------------------------------------------------------------------------
 
 
-def print_table(run: Run) -> None:
+def print_table(run: Run, with_tier: bool) -> None:
+    tier = f" {'worker CPU':>10}" if with_tier else ""
     print(
         f"{'arm':<9} {'requests':>8} {'rate/s':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-        f"{'server CPU':>10} {'client CPU':>10}  statuses"
+        f"{'server CPU':>10} {'client CPU':>10}{tier}  statuses"
     )
     for m in run.measured:
         cpu = f"{m.server_cpu / m.requests * 1e3:.2f} ms" if m.server_cpu else "-"
         client = f"{m.client_cpu / m.requests * 1e6:.0f} µs" if m.client_cpu else "-"
+        worker = ""
+        if with_tier:
+            worker = f" {m.tier_cpu / m.requests * 1e3:.2f} ms" if m.server_cpu else " -"
+            worker = f"{worker:>11}"
         statuses = ", ".join(f"{s}: {c}" for s, c in sorted(m.statuses.items()))
         print(
             f"{m.name:<9} {m.requests:>8} {m.rate:>8.0f} {m.pct(50) * 1e3:>7.1f} "
-            f"{m.pct(95) * 1e3:>7.1f} {m.pct(99) * 1e3:>7.1f} {cpu:>10} {client:>10}  {statuses}"
+            f"{m.pct(95) * 1e3:>7.1f} {m.pct(99) * 1e3:>7.1f} {cpu:>10} {client:>10}{worker}  "
+            f"{statuses}"
         )
 
 
@@ -870,6 +1031,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-replay", action="store_true", help="skip the replay arm")
     parser.add_argument("--workers", type=int, help="WEB_CONCURRENCY for the server")
     parser.add_argument("--threads", type=int, help="GUNICORN_THREADS for the server")
+    parser.add_argument(
+        "--with-worker",
+        action="store_true",
+        help="also start bin/serve's Celery worker, callbacks worker and beat on this host "
+        "(and a stub payments API they deliver to)",
+    )
+    parser.add_argument(
+        "--celery-concurrency",
+        type=int,
+        help="with --with-worker: CELERY_CONCURRENCY (default: the cores)",
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -898,14 +1070,21 @@ def main(argv: list[str] | None = None) -> int:
         extra["WEB_CONCURRENCY"] = str(args.workers)
     if args.threads:
         extra["GUNICORN_THREADS"] = str(args.threads)
+    tier = None
     with tempfile.TemporaryDirectory(prefix="http-bench-") as tmp:
         workdir = Path(tmp)
         if args.profile:
             return profile(
                 world, workdir, n, warm, args.form_approvals, args.profile_out, args.profile_path
             )
+        if args.with_worker:
+            tier = WorkerTier(workdir, args.celery_concurrency)
+            extra.update(tier.env_for_server())
         server = Server(workdir, **extra)
         connections.close_all()
+        if tier:
+            tier.start(server.env)
+            server.tier = tier
         server.start()
         workers = len(server.workers())
         kind = server.env.get("GUNICORN_WORKER_CLASS") or "asgi"
@@ -918,20 +1097,39 @@ def main(argv: list[str] | None = None) -> int:
             f"API_RATE_LIMIT={RATE_LIMIT} (set by the bench); {server_info}; broker "
             f"{re.sub(r'//[^@/]*@', '//', broker)}"
         )
+        if tier:
+            print(
+                f"with the worker tier on the same host (bin/serve): worker "
+                f"CELERY_CONCURRENCY={tier.concurrency}, callbacks worker, beat; the claims' "
+                f"refunds delivered to a stub payments API that answers at once"
+            )
+        delivered = ""
         try:
             pgbench, problems = run_pgbench(world, pgbench_tx, workdir)
+            if tier:
+                # Measured; now out of the outbox sweep's way (nothing delivers them).
+                Command.objects.filter(
+                    tenant=world.tenant, execution_id__startswith="pgbench-"
+                ).update(executed_by=Command.ExecutedBy.RUNTIME)
             run, note = run_arms(world, server, n, warm, args.form_approvals, not args.no_replay)
+            if tier:
+                delivered = _deliveries(world)
         finally:
             server.stop()
+            if tier:
+                tier.stop()
             connections.close_all()
     run.measured.insert(0, pgbench)
     run.problems[0:0] = problems
     print(note)
+    if delivered:
+        print(delivered)
     print()
-    print_table(run)
+    print_table(run, with_tier=tier is not None)
     print(
         "\nserver CPU: the gunicorn processes' user+system CPU per request (both cores "
         "count); client CPU: this process's, per request"
+        + ("; worker CPU: the worker tier's during the arm, per request" if tier else "")
     )
     print()
     for top, bottom, target, meaning in TARGETS:
@@ -949,6 +1147,22 @@ def main(argv: list[str] | None = None) -> int:
     for problem in run.problems:
         print(f"FAIL {problem}", file=sys.stderr)
     return 1 if run.problems else 0
+
+
+def _deliveries(world: World, wait: float = 60.0) -> str:
+    """How the worker left the claims' commands: their states once none is pending or
+    sending, or after ``wait`` seconds."""
+    commands = Command.objects.filter(
+        tenant=world.tenant, executed_by=Command.ExecutedBy.CONSOLE
+    ).exclude(execution_id__startswith="pgbench-")
+    deadline = time.monotonic() + wait
+    busy = (Command.State.PENDING, Command.State.SENDING)
+    while time.monotonic() < deadline and commands.filter(state__in=busy).exists():
+        time.sleep(1)
+    states = Counter(commands.values_list("state", flat=True))
+    return "the claims' commands after the run: " + ", ".join(
+        f"{state} {count}" for state, count in sorted(states.items())
+    )
 
 
 def profile(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import redis
 from django.contrib.auth import get_user_model
 from django.test import Client
 from playwright.sync_api import Browser, Playwright, sync_playwright
@@ -268,13 +269,21 @@ def token(runtime: Runtime, approved: str) -> str:
 
 
 @pytest.fixture
-def redis_rate_limit(settings: Any) -> str:
+def redis_rate_limit(settings: Any) -> Iterator[str]:
     """The API's rate limit counted in the Redis ``REDIS_URL`` names (as a deployment with
     a Redis broker counts it), under a key prefix of this test's own: the test databases of
-    parallel workers reuse key ids."""
+    parallel workers reuse key ids. The test's keys are deleted when it ends."""
     url = os.environ.get("REDIS_URL", "")
     if not url:
         pytest.fail("REDIS_URL is not set: run bin/test, which starts a Redis.", pytrace=False)
+    prefix = f"test-ratelimit:{uuid.uuid4().hex}"
     settings.API_RATE_LIMIT_REDIS_URL = url
-    settings.API_RATE_LIMIT_REDIS_PREFIX = f"test-ratelimit:{uuid.uuid4().hex}"
-    return url
+    settings.API_RATE_LIMIT_REDIS_PREFIX = prefix
+    yield url
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

@@ -3,12 +3,14 @@ within its limit writes nothing to the database (``approvals.access.ratelimit`` 
 what a count means; this module only counts).
 
 One Redis key per caller and window, ``<prefix>:<kind>:<id>:<window start>``, incremented
-by a Lua script that also sets its expiry when it creates it: ``INCR`` and ``EXPIRE`` are
-one atomic step and one round trip, so every web process shares one exact count and no
-key outlives its window by more than ``2 x window + 60 s`` (long enough for an ended
-window's report to read it). The same script says whether the caller has counter rows in
-the database that a later window must report (``<prefix>:<kind>:<id>:rows``, set by
-``rows_written``).
+by a Lua script that also gives it its expiry: ``INCR`` and ``EXPIRE`` are one atomic step
+and one round trip, so every web process shares one exact count and no key outlives its
+window by more than ``2 x window + 60 s`` (long enough for an ended window's report to
+read it). The script sets the expiry of a key that has none, not only of a key it has just
+created, so a counter left without one (written by hand, or by an older script) gets it at
+its next count. The same script says whether the caller has counter rows in the database
+that a later window must report (``<prefix>:<kind>:<id>:rows``, set by ``rows_written``);
+that flag expires too, after ``ROWS_FLAG_SECONDS``. Every key this module writes expires.
 
 When Redis does not answer (refused, or not within ``SOCKET_TIMEOUT``), ``count`` returns
 None and the caller counts in the database instead; this process then leaves Redis alone
@@ -28,12 +30,18 @@ from django.conf import settings
 
 SOCKET_TIMEOUT = 0.25
 RETRY_SECONDS = 5.0
+# The "rows to report" flag only spares a later window's first request a DELETE that finds
+# nothing; rows still waiting when it expires are reported by the beat task (once a
+# window), as they would be anyway. A day outlives any window and any beat outage worth
+# the name, and bounds what a key that went quiet leaves in Redis.
+ROWS_FLAG_SECONDS = 24 * 3600
 
 # KEYS[1] the window's counter, KEYS[2] the caller's "rows to report" flag; ARGV[1] the
-# counter's lifetime in seconds. Returns {requests so far, 1 if the flag is set}.
+# counter's lifetime in seconds. Returns {requests so far, 1 if the flag is set}. TTL is
+# -1 for a key without an expiry: a new counter, or one something left without it.
 _COUNT = """
 local requests = redis.call('INCR', KEYS[1])
-if requests == 1 then
+if redis.call('TTL', KEYS[1]) == -1 then
     redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
 return {requests, redis.call('EXISTS', KEYS[2])}
@@ -119,7 +127,7 @@ def rows_written(kind: str, caller_id: int) -> None:
         return
     client, _ = _client()
     try:
-        client.set(_key(kind, caller_id), 1)
+        client.set(_key(kind, caller_id), 1, ex=ROWS_FLAG_SECONDS)
     except redis.RedisError as exc:
         _failed(exc)
 

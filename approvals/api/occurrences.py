@@ -34,23 +34,25 @@ from approvals.api.schemas import (
     TokenIn,
     TokenOut,
 )
-from approvals.claims.delivery import approval_deliver_token
+from approvals.claims.delivery import approval_deliver, pickup_read
 from approvals.errors import InputError
 from approvals.models import (
     Command,
     Occurrence,
+    Proposal,
     ReviewerToken,
     RuntimeKey,
 )
 from approvals.reviews import renewal
 from approvals.reviews.decisions import occurrence_approve, occurrence_reject
-from approvals.reviews.proposals import occurrence_propose, prior_rejections
+from approvals.reviews.proposals import prior_rejections, proposal_record
 from approvals.reviews.selectors import (
     approval_state,
     current_approval,
     current_proposal,
     occurrence_detail_queryset,
     occurrence_get_for_tenant,
+    parse_uuid,
 )
 from approvals.reviews.selectors import occurrence_lookup as occurrence_of_client_ref
 from approvals.vocabulary import ReviewOutcome, ReviewOutcomeLiteral
@@ -58,8 +60,10 @@ from approvals.vocabulary import ReviewOutcome, ReviewOutcomeLiteral
 router = Router()
 
 
-def _proposal_out(occurrence: Occurrence) -> dict[str, Any]:
-    proposal = current_proposal(occurrence)
+def _proposal_out(occurrence: Occurrence, proposal: Proposal | None = None) -> dict[str, Any]:
+    """The current version: ``proposal`` when the caller has it (a new occurrence's one),
+    else from the prefetched proposals."""
+    proposal = proposal or current_proposal(occurrence)
     return {
         "version": proposal.version,
         "action_digest": proposal.action_digest,
@@ -69,9 +73,9 @@ def _proposal_out(occurrence: Occurrence) -> dict[str, Any]:
     }
 
 
-def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
-    """Rejected occurrences of the run with the action the runtime proposed (version 1)."""
-    proposed = min(occurrence.proposals.all(), key=lambda p: p.version)
+def _prior_decisions_out(occurrence: Occurrence, proposed: Proposal) -> list[dict[str, Any]]:
+    """Rejected occurrences of the run with the action the runtime proposed (``proposed``:
+    version 1)."""
     return [
         {
             "occurrence_id": str(prior.occurrence_id),
@@ -102,7 +106,7 @@ def _prior_decisions_out(occurrence: Occurrence) -> list[dict[str, Any]]:
     "in `rejection_reason`).\n\n" + openapi.CONTRACT_RULES,
 )
 def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
-    occurrence, created = occurrence_propose(
+    proposed = proposal_record(
         runtime_key=runtime_key_of(request),
         tool=payload.tool,
         arguments=payload.arguments,
@@ -111,14 +115,19 @@ def propose(request: HttpRequest, payload: ProposeIn) -> Status[dict[str, Any]]:
         requested_by=payload.requested_by or "",
         client_ref=payload.client_ref or "",
     )
-    occurrence = occurrence_detail_queryset().get(pk=occurrence.pk)
+    created, occurrence, proposal = proposed.created, proposed.occurrence, proposed.proposal
+    if proposal is None:
+        # A retry: the first occurrence as it is now (a reviewer may have decided or edited
+        # it). A new one comes with what was written (its tool and its proposal).
+        occurrence = occurrence_detail_queryset().get(pk=occurrence.pk)
+    first = proposal or min(occurrence.proposals.all(), key=lambda p: p.version)
     metrics.proposal_received(occurrence, created)
     body = {
         "occurrence_id": str(occurrence.pk),
         "status": occurrence.status,
-        "proposal": _proposal_out(occurrence),
+        "proposal": _proposal_out(occurrence, proposal),
         "rejection_reason": occurrence.rejection_reason,
-        "prior_decisions": _prior_decisions_out(occurrence),
+        "prior_decisions": _prior_decisions_out(occurrence, first),
     }
     return Status(201 if created else 200, body)
 
@@ -446,10 +455,16 @@ def token_pickup(
     token is void, and a claim with it is `replayed`, reason `token_redelivered`). Another
     execution gets 409 token_already_delivered; an ask after the claim gets 409 claimed
     with `details.command_id` and `details.execution_id`."""
-    occurrence = _get_occurrence(request, occurrence_id)
-    delivered = approval_deliver_token(
+    key = runtime_key_of(request)
+    pk = parse_uuid(occurrence_id)
+    found = pickup_read(tenant_id=key.tenant_id, occurrence_id=pk) if pk is not None else None
+    if found is None:
+        raise Http404
+    occurrence, approval = found
+    delivered = approval_deliver(
         occurrence=occurrence,
-        runtime_key=runtime_key_of(request),
+        approval=approval,
+        runtime_key=key,
         execution_id=(payload.execution_id or "") if payload is not None else "",
     )
     # The one answer that carries a raw token: no cache, proxy or browser may keep it

@@ -124,3 +124,17 @@ def audit_record(
     event.save(force_insert=True)
     audit_logged(event)
     return event
+
+
+def audit_append(events: list[AuditEvent]) -> list[AuditEvent]:
+    """Append several events built by ``audit_event_new`` in one ``INSERT`` (one round trip,
+    ids in the list's order): what one change records at once, such as a proposal and its
+    admission by policy. Call it inside the transaction of that change.
+
+    Unlike ``audit_record`` it sends no ``post_save`` signal (``bulk_create`` does not), so
+    it is not for the kinds a receiver counts (``approvals.metrics``: review decisions and
+    deadlines)."""
+    AuditEvent.objects.bulk_create(events)
+    for event in events:
+        audit_logged(event)
+    return events

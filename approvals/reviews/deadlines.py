@@ -26,7 +26,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from approvals.audit.record import DbNow, audit_record
+from approvals.audit.record import DbNow, audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.errors import ErrorCode, ServiceError
 from approvals.models import NotificationEvent, Occurrence, ToolContract
@@ -46,6 +46,15 @@ def deadlines_from(contract: ToolContract, now: datetime) -> dict[str, datetime 
         "review_deadline_at": now + review if review is not None else None,
         "final_deadline_at": now + final if final is not None else None,
     }
+
+
+def deadlines_now(contract: ToolContract) -> dict[str, datetime | None]:
+    """The deadline fields of a new pending occurrence proposed now, on the database's
+    clock. A contract without deadlines has none to write, and its proposal does not ask
+    the database for the time (a round trip on every proposal)."""
+    if contract.review_deadline is None and contract.final_deadline is None:
+        return {}
+    return deadlines_from(contract, db_now())
 
 
 def require_before_final_deadline(occurrence: Occurrence, now: datetime) -> None:

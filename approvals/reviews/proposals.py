@@ -18,7 +18,7 @@ from django.db.models import (
 )
 
 from approvals import vocabulary
-from approvals.audit.record import audit_record, db_now
+from approvals.audit.record import audit_append, audit_event_new, audit_record, db_now
 from approvals.callbacks.outbox import callback_delivery_create
 from approvals.canonical.form import CanonicalAction, canonicalize
 from approvals.canonical.schema import validate_arguments
@@ -34,7 +34,7 @@ from approvals.models import (
     ToolContract,
 )
 from approvals.notifications.outbox import notification_event_create
-from approvals.reviews.deadlines import deadlines_from
+from approvals.reviews.deadlines import deadlines_now
 from approvals.routing.rules import routing_version
 from approvals.vocabulary import (
     AuditKind,
@@ -53,6 +53,16 @@ def action_canonical(tool: str, arguments: Any) -> tuple[ToolContract, Canonical
     return contract, canonicalize(tool, arguments)
 
 
+@dataclass(frozen=True)
+class Proposed:
+    """What ``proposal_record`` did: the occurrence, the proposal it wrote (None for a
+    retry, which answers with the first occurrence as it is now) and whether it is new."""
+
+    occurrence: Occurrence
+    proposal: Proposal | None
+    created: bool
+
+
 def occurrence_propose(
     *,
     runtime_key: RuntimeKey,
@@ -63,7 +73,31 @@ def occurrence_propose(
     requested_by: str = "",
     client_ref: str = "",
 ) -> tuple[Occurrence, bool]:
-    """Record a proposed tool call. Returns the occurrence and whether it is new.
+    """Record a proposed tool call (``proposal_record``). Returns the occurrence and
+    whether it is new."""
+    proposed = proposal_record(
+        runtime_key=runtime_key,
+        tool=tool,
+        arguments=arguments,
+        run_id=run_id,
+        reason=reason,
+        requested_by=requested_by,
+        client_ref=client_ref,
+    )
+    return proposed.occurrence, proposed.created
+
+
+def proposal_record(
+    *,
+    runtime_key: RuntimeKey,
+    tool: str,
+    arguments: Any,
+    run_id: str,
+    reason: str,
+    requested_by: str = "",
+    client_ref: str = "",
+) -> Proposed:
+    """Record a proposed tool call.
 
     A retried proposal with the same ``client_ref`` in the same run returns the first
     occurrence; the same ``client_ref`` with a different action is refused, not silently
@@ -72,14 +106,14 @@ def occurrence_propose(
     When the contract sets ``reject_repeats`` and a reviewer already rejected this action
     (same digest) in the same run, the new occurrence is rejected at once by policy, with
     the original reason (audited as ``occurrence.rejected``, reason ``repeat_of_rejected``).
+
+    A new occurrence comes back with the proposal that was written (and its tool and
+    tenant), so an answer needs no read of them. A retry is found by
+    the unique constraint on (tenant, run, ``client_ref``), not by a read before every
+    insert: its insert fails, the savepoint rolls back, and the first occurrence is read.
     """
     tenant = runtime_key.tenant
     contract, action = action_canonical(tool, arguments)
-
-    if client_ref:
-        existing = _existing_for_client_ref(tenant, run_id, client_ref, action.digest)
-        if existing is not None:
-            return existing, False
 
     auto = contract.auto_admit and contract.replay_safety == ToolContract.ReplaySafety.READ_ONLY
     repeat_of = None
@@ -88,7 +122,7 @@ def occurrence_propose(
         repeat_of = prior[0] if prior else None
     try:
         with transaction.atomic():
-            deadlines = {} if auto else deadlines_from(contract, db_now())
+            deadlines = {} if auto else deadlines_now(contract)
             # The routing rule's version is picked inside the INSERT (a subquery): routing
             # costs the proposal no query of its own.
             routing = (
@@ -117,29 +151,39 @@ def occurrence_propose(
             )
             # The subquery's value is the database's: read when asked for, not the expression.
             occurrence.__dict__.pop("routed_by_id", None)
-            Proposal.objects.create(
+            proposal = Proposal.objects.create(
                 occurrence=occurrence,
                 version=1,
                 canonical_action=action.canonical,
                 action_digest=action.digest,
             )
-            audit_record(
-                kind=AuditKind.OCCURRENCE_PROPOSED,
-                tenant=tenant,
-                occurrence=occurrence,
-                actor=f"runtime:{runtime_key.name}",
-                data={"tool": tool, "version": 1, "action_digest": action.digest, "run_id": run_id},
-            )
-            if auto:
-                audit_record(
-                    kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
+            events = [
+                audit_event_new(
+                    kind=AuditKind.OCCURRENCE_PROPOSED,
                     tenant=tenant,
                     occurrence=occurrence,
-                    actor="policy",
-                    decision=EventDecision.AUTO_ADMITTED,
-                    reason_code=EventReason.POLICY_READ_ONLY,
-                    data={"justification": "The tool contract is read-only and auto-admitted."},
+                    actor=f"runtime:{runtime_key.name}",
+                    data={
+                        "tool": tool,
+                        "version": 1,
+                        "action_digest": action.digest,
+                        "run_id": run_id,
+                    },
                 )
+            ]
+            if auto:
+                events.append(
+                    audit_event_new(
+                        kind=AuditKind.OCCURRENCE_AUTO_ADMITTED,
+                        tenant=tenant,
+                        occurrence=occurrence,
+                        actor="policy",
+                        decision=EventDecision.AUTO_ADMITTED,
+                        reason_code=EventReason.POLICY_READ_ONLY,
+                        data={"justification": "The tool contract is read-only and auto-admitted."},
+                    )
+                )
+            audit_append(events)
             if repeat_of is not None:
                 _reject_repeat(occurrence, repeat_of)
             elif not auto:
@@ -158,8 +202,8 @@ def occurrence_propose(
         )
         if existing is None:
             raise
-        return existing, False
-    return occurrence, True
+        return Proposed(existing, None, False)
+    return Proposed(occurrence, proposal, True)
 
 
 def _reject_repeat(occurrence: Occurrence, repeat_of: PriorDecision) -> None:
@@ -171,7 +215,10 @@ def _reject_repeat(occurrence: Occurrence, repeat_of: PriorDecision) -> None:
         decided_at=now,
         updated_at=now,
     )
-    occurrence.refresh_from_db()
+    # What the UPDATE wrote, without reading it back.
+    occurrence.status = Occurrence.Status.REJECTED
+    occurrence.rejection_reason = repeat_of.reason
+    occurrence.decided_at = occurrence.updated_at = now
     callback_delivery_create(
         audit_record(
             kind=AuditKind.OCCURRENCE_REJECTED,

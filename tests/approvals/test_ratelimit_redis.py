@@ -20,6 +20,7 @@ from approvals.access import ratecounter, ratelimit
 from approvals.models import AuditEvent, ReviewerTokenUsage, RuntimeKeyUsage, Tenant
 from tests.approvals.test_abuse import (
     T0,
+    bogus_token,
     clock,
     test_a_hundred_bogus_claims_get_429s_and_leave_a_bounded_trail,
     test_a_new_window_admits_again,
@@ -147,3 +148,58 @@ def test_a_redis_down_for_one_url_does_not_stop_another(
 
     assert runtime.get(CURSOR).status_code == 200
     assert redis_client().get(counter_key("rk", runtime.key.pk, 1_800_000_000)) == b"1"
+
+
+def _lifetimes() -> dict[str, int]:
+    """Every key under this test's prefix, by its name after the prefix, with its TTL."""
+    client = redis_client()
+    prefix = f"{django_settings.API_RATE_LIMIT_REDIS_PREFIX}:"
+    return {
+        key.decode().removeprefix(prefix): client.ttl(key)
+        for key in client.scan_iter(match=f"{prefix}*")
+    }
+
+
+def test_every_key_the_counters_write_expires(
+    runtime: Runtime,
+    reviewer: Any,
+    tenant: Tenant,
+    pending: str,
+    clock: list[float],
+    settings: Any,
+) -> None:
+    settings.API_RATE_LIMIT = 2
+    raw = pat_for(reviewer, tenant, name="script")
+    # Within and over the limit (a counter, and the flag of rows to report), for a runtime
+    # key and a reviewer's access token, and an unknown token's refusal (a row, the flag).
+    assert [runtime.get(CURSOR).status_code for _ in range(3)] == [200, 200, 429]
+    assert [read(raw, pending).status_code for _ in range(3)] == [200, 200, 429]
+    settings.API_RATE_LIMIT = 100
+    assert runtime.claim(bogus_token(), "exec-x").json()["decision"] == "unknown_token"
+
+    window = 1_800_000_000
+    key_id, token_id = runtime.key.pk, ReviewerTokenUsage.objects.get().reviewer_token_id
+    lifetimes = _lifetimes()
+    # (The fixtures' own requests, made before the clock froze, left a counter too.)
+    assert set(lifetimes) >= {
+        f"rk:{key_id}:{window}",
+        f"rk:{key_id}:rows",
+        f"rt:{token_id}:{window}",
+        f"rt:{token_id}:rows",
+    }
+    for name, ttl in lifetimes.items():
+        limit = ratecounter.ROWS_FLAG_SECONDS if name.endswith(":rows") else 2 * 60 + 60
+        assert 0 < ttl <= limit, (name, ttl)
+
+
+def test_a_counter_left_without_an_expiry_gets_one_at_its_next_count(
+    runtime: Runtime, clock: list[float]
+) -> None:
+    key = counter_key("rk", runtime.key.pk, 1_800_000_000)
+    redis_client().set(key, 5)
+    assert redis_client().ttl(key) == -1
+
+    assert runtime.get(CURSOR).status_code == 200
+
+    assert redis_client().get(key) == b"6"
+    assert 0 < redis_client().ttl(key) <= 180

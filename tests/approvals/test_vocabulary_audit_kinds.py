@@ -1,9 +1,9 @@
 """Issue 10: audit event kinds are typed once (``approvals.vocabulary.AuditKind``).
 
 The sources of ``approvals`` and ``reconciliation`` are read with ``ast``: wherever an
-audit kind is written (``audit_record``, ``dispatch._audit``) or matched (a query on
-``kind``, a comparison with ``.kind``), a dotted string typed in place fails, and so does
-a member that nothing writes."""
+audit kind is written (``audit_record``, ``audit_event_new``, ``dispatch._audit``) or
+matched (a query on ``kind``, a comparison with ``.kind``), a dotted string typed in place
+fails, and so does a member that nothing writes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ VOCABULARY = ROOT / "approvals" / "vocabulary.py"
 NO_DJANGO = {ROOT / "approvals" / "audit" / "replay_scan.py"}
 # A kind (``claim.approved``) or a family's prefix (``claim.``).
 DOTTED = re.compile(r"^[a-z_]+\.[a-z_]*$")
-WRITERS = {"audit_record", "_audit"}
+# Where a kind is written: ``audit_record`` appends one event; ``audit_event_new`` builds
+# one for a statement that writes it with its change (the claim's) or for ``audit_append``
+# (a proposal's events in one INSERT); ``dispatch._audit`` is the worker's.
+WRITERS = {"audit_record", "audit_event_new", "_audit"}
 QUERIES = {"filter", "exclude", "get", "create", "update", "get_or_create", "update_or_create"}
 KIND_LOOKUPS = re.compile(r"^kind(__(in|startswith|istartswith|exact|iexact))?$")
 
