@@ -34,6 +34,7 @@ REGISTRABLE_FIELDS = frozenset(
         "identifying_arguments",
         "review_deadline",
         "final_deadline",
+        "sensitive_arguments",
     }
 )
 

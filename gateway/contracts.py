@@ -102,6 +102,8 @@ def contract_fields(tool: types.Tool, override: ToolOverride) -> dict[str, Any]:
         "quorum_currency_argument": override.quorum_currency_argument,
         "quorum_thresholds_minor": override.quorum_thresholds_minor,
         "identifying_arguments": _identifying(schema["properties"], sensitive),
+        # What never leaves the console: notifications (e-mail, Slack, webhooks) omit them.
+        "sensitive_arguments": list(sensitive),
         "review_deadline": override.review_deadline,
         "final_deadline": override.final_deadline,
     }

@@ -4,6 +4,7 @@ audited, listed at ``GET /api/v1/tools``). No processes: the derivation and the 
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,8 @@ from mcp import types
 
 from approvals.contracts import tool_contract_register
 from approvals.errors import ServiceError
-from approvals.models import AuditEvent, Tenant, ToolContract
+from approvals.models import AuditEvent, NotificationEvent, Tenant, ToolContract
+from approvals.notifications.content import message
 from approvals.vocabulary import AuditKind, ReportedOutcome
 from gateway import calls, console
 from gateway.config import ConfigError, parse_config
@@ -97,6 +99,26 @@ def test_admin_overrides_review_quorum_and_sensitive_arguments() -> None:
     assert refund["risk"] == "high"
     assert "card_number" not in refund["identifying_arguments"]
     assert refund["identifying_arguments"] == ["order_id"]
+    # ... and never in a notification (approvals.notifications.content reads the contract).
+    assert refund["sensitive_arguments"] == ["card_number"]
+    assert lookup["sensitive_arguments"] == []
+
+
+def test_a_registered_sensitive_argument_stays_out_of_notifications(
+    tenant: Tenant, runtime: Runtime
+) -> None:
+    refund = contract_fields(tool("refund", idempotent_hint=True), upstream().tools["refund"])
+    contract, _ = tool_contract_register(
+        name="shop__refund", fields=refund, tenant=tenant, actor="gateway:gw"
+    )
+    assert contract.sensitive_arguments == ["card_number"]
+    answer = runtime.propose(
+        tool="shop__refund", arguments={"order_id": "ord_1", "card_number": "4111111111111111"}
+    )
+    assert answer.status_code == 201, answer.content
+    event = NotificationEvent.objects.get(occurrence_id=answer.json()["occurrence_id"])
+    told = json.dumps(message(event))
+    assert "4111111111111111" not in told and "ord_1" in told
 
 
 def test_a_sensitive_argument_of_a_read_only_tool_needs_review() -> None:
