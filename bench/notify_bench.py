@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -59,15 +58,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _broker_url() -> str:
-    url = os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL") or ""
-    if not url.startswith(("redis://", "rediss://")):
-        sys.exit("notify_bench: set REDIS_URL (or CELERY_BROKER_URL) to a Redis database.")
-    return url
-
-
-# The worker and this process publish to the same broker; e-mail goes over SMTP.
-os.environ["CELERY_BROKER_URL"] = _broker_url()
+BROKER_URL = os.environ.get("CELERY_BROKER_URL") or os.environ.get("REDIS_URL") or ""
+# The worker and this process publish to the same broker (checked in main, after --help);
+# e-mail goes over SMTP.
+if BROKER_URL:
+    os.environ["CELERY_BROKER_URL"] = BROKER_URL
 os.environ["EMAIL_BACKEND"] = "django.core.mail.backends.smtp.EmailBackend"
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
@@ -266,17 +261,13 @@ def bare_arm(scene: Scene, rows: int, timeout: float) -> float:
 
 def drain_arm(scene: Scene, inbox: Inbox, requests: int, timeout: float) -> tuple[float, float]:
     """Events fanned out and e-mails sent per second, from the first fan-out published."""
-    before = set(
-        NotificationEvent.objects.filter(tenant=scene.tenant).values_list("pk", flat=True)
-    )
+    before = set(NotificationEvent.objects.filter(tenant=scene.tenant).values_list("pk", flat=True))
     with unpublished():
         for _ in range(requests):
             scene.propose()
     events = [
         str(pk)
-        for pk in NotificationEvent.objects.filter(tenant=scene.tenant).values_list(
-            "pk", flat=True
-        )
+        for pk in NotificationEvent.objects.filter(tenant=scene.tenant).values_list("pk", flat=True)
         if pk not in before
     ]
     assert len(events) == requests, f"{len(events)} events for {requests} requests"
@@ -368,8 +359,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     requests = 20 if args.tiny else args.requests
 
+    if not BROKER_URL.startswith(("redis://", "rediss://")):
+        sys.exit("notify_bench: set REDIS_URL (or CELERY_BROKER_URL) to a Redis database.")
     server = prepare_database()
-    queue = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+    queue = redis.Redis.from_url(BROKER_URL)
     queue.delete(QUEUE)  # what an earlier run left would be drained in this one's arms
     scene = Scene(args.members)
     mails = requests * args.members
