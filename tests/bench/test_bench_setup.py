@@ -18,7 +18,14 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.mark.parametrize(
     "name",
-    ["page_bench", "claim_bench", "audit_export_bench", "http_bench", "longpoll_bench"],
+    [
+        "page_bench",
+        "claim_bench",
+        "audit_export_bench",
+        "http_bench",
+        "longpoll_bench",
+        "notify_bench",
+    ],
 )
 def test_a_bench_loads_without_a_secret_key(name: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
