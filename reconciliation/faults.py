@@ -16,13 +16,20 @@ POINTS = ("before_call", "after_call", "after_record")
 
 
 def crash_point(name: str, command_id: str) -> None:
-    if os.environ.get("RECONCILIATION_CRASH_AT") != name:
+    crash_once("RECONCILIATION", name, command_id)
+
+
+def crash_once(prefix: str, name: str, key: str) -> None:
+    """SIGKILL this process the first time ``key`` reaches point ``name``, if
+    ``<prefix>_CRASH_AT`` names it and ``<prefix>_CRASH_DIR`` holds the marker files (the
+    gateway's crash points use it with ``GATEWAY``)."""
+    if os.environ.get(f"{prefix}_CRASH_AT") != name:
         return
-    directory = os.environ.get("RECONCILIATION_CRASH_DIR", "")
+    directory = os.environ.get(f"{prefix}_CRASH_DIR", "")
     if not directory:
         return
     try:
-        fd = os.open(os.path.join(directory, f"{name}-{command_id}"), os.O_CREAT | os.O_EXCL)
+        fd = os.open(os.path.join(directory, f"{name}-{key}"), os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return
     os.close(fd)
