@@ -14,9 +14,19 @@ from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from django.db import connections
+import pytest
+from django.db import connection, connections
 
 TIMEOUT = 60
+
+# Every race test module's marks: ``pytestmark = RACE`` (``[*RACE, pytest.mark.slow]``).
+RACE = [
+    pytest.mark.race,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
+    ),
+]
 
 Job = tuple[Callable[..., Any], dict[str, Any]]
 

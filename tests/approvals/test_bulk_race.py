@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from approvals.errors import ServiceError
 from approvals.models import Approval, ApprovalVote, AuditEvent, Occurrence, Tenant
@@ -21,16 +20,9 @@ from approvals.reviews.bulk import BulkItem, occurrences_approve
 from approvals.reviews.decisions import occurrence_reject
 from approvals.reviews.proposals import occurrence_propose
 from tests.conftest import REFUND_ARGS, Runtime
-from tests.races import Pool
+from tests.races import RACE, Pool
 
-pytestmark = [
-    pytest.mark.race,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
-    ),
-]
+pytestmark = [*RACE, pytest.mark.slow]
 
 ROUNDS = 12
 BATCH = 8

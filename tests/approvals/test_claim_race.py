@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.test import Client
 
 from approvals.claims.claim import approval_claim
@@ -37,16 +36,9 @@ from approvals.reviews.decisions import occurrence_approve, proposal_edit
 from approvals.reviews.proposals import occurrence_propose
 from approvals.reviews.revocation import approval_revoke
 from tests.conftest import REFUND_ARGS, Runtime, make_user
-from tests.races import Pool
+from tests.races import RACE, Pool
 
-pytestmark = [
-    pytest.mark.race,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
-    ),
-]
+pytestmark = [*RACE, pytest.mark.slow]
 
 PROCS = 8
 ROUNDS = 50

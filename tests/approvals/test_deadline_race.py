@@ -22,16 +22,9 @@ from approvals.reviews.deadlines import occurrence_time_out
 from approvals.reviews.decisions import occurrence_approve
 from approvals.reviews.proposals import occurrence_propose
 from tests.conftest import REFUND_ARGS, Runtime
-from tests.races import Pool
+from tests.races import RACE, Pool
 
-pytestmark = [
-    pytest.mark.race,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
-    ),
-]
+pytestmark = [*RACE, pytest.mark.slow]
 
 ROUNDS = 16
 # How far each racer's start is spread around the deadline.

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.test import Client
 
 from approvals.models import Command, Epoch, Membership
@@ -22,16 +21,10 @@ from reconciliation.dispatch import command_dispatch
 from reconciliation.models import AdapterInvocation, OperatorDecision
 from tests.conftest import Runtime, make_user
 from tests.demo.sandbox_fixture import SandboxProcess
-from tests.races import Pool
+from tests.races import RACE, Pool
 from tests.reconciliation.conftest import claim_command
 
-pytestmark = [
-    pytest.mark.race,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
-    ),
-]
+pytestmark = RACE
 
 OPERATORS = 4
 ROUNDS = 5

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from approvals.errors import ServiceError
 from approvals.models import AuditEvent, Membership, Tenant
@@ -18,16 +17,10 @@ from approvals.vocabulary import AuditKind
 from reconciliation.models import QueueTake
 from reconciliation.takes import occurrence_take
 from tests.conftest import Runtime, make_user
-from tests.races import Pool
+from tests.races import RACE, Pool
 from tests.reconciliation.test_queue_identifies import expired
 
-pytestmark = [
-    pytest.mark.race,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="races run on PostgreSQL, in OS processes"
-    ),
-]
+pytestmark = RACE
 
 OPERATORS = 4
 ROUNDS = 4
