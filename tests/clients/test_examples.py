@@ -195,15 +195,12 @@ def test_langgraph_example_resumes_and_runs_the_approved_call(
 
 @pytest.mark.slow
 @examples
-def test_langgraph_example_tells_the_model_the_rejection(
-    live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path
+@pytest.mark.parametrize("example", ["langgraph_tool_node.py", "langchain_agent.py"])
+def test_the_langgraph_and_langchain_examples_tell_the_model_the_rejection(
+    live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path, example: str
 ):
     finished = run_example(
-        "langgraph_tool_node.py",
-        live_server,
-        runtime,
-        tmp_path,
-        lambda pk: reject(pk, reviewer, REASON),
+        example, live_server, runtime, tmp_path, lambda pk: reject(pk, reviewer, REASON)
     )
     nothing_ran(finished)
     assert any(
@@ -223,24 +220,6 @@ def test_langchain_example_runs_the_approved_call_once(
     lines = finished.stdout.splitlines()
     assert lines[-2] == "tool (success): case_77 closed", finished.explain()
     assert lines[-1] == "model: Case 77 is closed."
-
-
-@pytest.mark.slow
-@examples
-def test_langchain_example_tells_the_model_the_rejection(
-    live_server: Any, runtime: Any, reviewer: Any, tmp_path: Path
-):
-    finished = run_example(
-        "langchain_agent.py",
-        live_server,
-        runtime,
-        tmp_path,
-        lambda pk: reject(pk, reviewer, REASON),
-    )
-    nothing_ran(finished)
-    assert any(
-        line.startswith("tool (error):") and REASON in line for line in finished.stdout.splitlines()
-    ), finished.explain()
 
 
 @pytest.mark.slow
