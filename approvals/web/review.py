@@ -180,8 +180,11 @@ def _review_url(occurrence_id: Any, **query: str) -> str:
 @console_login_required
 def review(request: HtmxHttpRequest, occurrence_id: Any) -> HttpResponse:
     opened = _open(request, occurrence_id)
-    # Opened: what the console told the reader of this request is read now.
-    notifications_read(user_id=request.user.pk, occurrence_id=opened.occurrence.pk)
+    # Opened: what the console told the reader of this request is read now, and the
+    # header (its count read with the roles, before) counts it no more.
+    opened.access.notifications_read(
+        notifications_read(user_id=request.user.pk, occurrence_id=opened.occurrence.pk)
+    )
     notices = [
         Notice(m.level_tag or "info", escape(m.message)) for m in messages.get_messages(request)
     ]

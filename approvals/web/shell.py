@@ -26,7 +26,6 @@ from approvals.errors import ErrorCode
 from approvals.models import (
     Tenant,
 )
-from approvals.notifications.selectors import unread_count
 from approvals.web.selectors.access import ConsoleAccess, console_access
 
 SESSION_TENANT = "console_tenant"
@@ -75,12 +74,11 @@ def header_links(access: ConsoleAccess) -> dict[str, bool]:
 
 def chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
     """What the header needs: the tenant switcher (it scopes the inbox), the links, and
-    the unread notifications' count (read when the header shows it: a callable)."""
-    user_id = request.user.pk
+    the unread notifications' count (read with the roles: no query of its own)."""
     return {
         "tenants": access.tenants,
         "current_tenant": _scope(request, access),
-        "unread_count": lambda: unread_count(user_id),
+        "unread_count": access.unread,
         **header_links(access),
     }
 

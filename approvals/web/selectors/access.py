@@ -11,6 +11,7 @@ from approvals.models import (
     Membership,
     Tenant,
 )
+from approvals.notifications.selectors import UNREAD_COUNT_SQL, unread_count_subquery
 from approvals.sql import Columns, fetch, on_postgresql, split
 
 # Roles that may open the console: reviewers decide, admins revoke.
@@ -18,9 +19,13 @@ CONSOLE_ROLES = (Membership.Role.REVIEWER, Membership.Role.ADMIN)
 
 
 class ConsoleAccess:
-    """A user's console roles by tenant, read once per request."""
+    """A user's console roles by tenant, read once per request, and the header's count of
+    their unread notifications, read with them."""
 
     def __init__(self, memberships: list[Membership]) -> None:
+        # Every membership row carries the same count (``console_memberships``). Without a
+        # role the header shows no notifications link, so none is counted.
+        self.unread: int = getattr(memberships[0], "unread", 0) if memberships else 0
         self.roles: dict[int, set[str]] = {}
         self.tenants: list[Tenant] = []
         # Operators work in the operations console; the header links to it.
@@ -47,6 +52,11 @@ class ConsoleAccess:
     def is_admin(self, tenant_id: int) -> bool:
         return Membership.Role.ADMIN in self.roles.get(tenant_id, set())
 
+    def notifications_read(self, marked: int) -> None:
+        """The page just marked ``marked`` of the user's notifications read (after the count
+        was read): its header counts them no more."""
+        self.unread = max(0, self.unread - marked)
+
 
 def console_access(user: Any) -> ConsoleAccess:
     return ConsoleAccess(console_memberships(user))
@@ -56,7 +66,7 @@ _MEMBERSHIP = Columns(Membership, "m")
 _TENANT = Columns(Tenant, "t")
 
 _MEMBERSHIPS_SQL = f"""
-SELECT {_MEMBERSHIP.sql}, {_TENANT.sql}
+SELECT {_MEMBERSHIP.sql}, {_TENANT.sql}, {UNREAD_COUNT_SQL}
   FROM approvals_membership m
   JOIN approvals_tenant t ON t.id = m.tenant_id
  WHERE m.user_id = %s
@@ -68,19 +78,21 @@ def _memberships_queryset(user_id: int) -> QuerySet[Membership]:
     return (
         Membership.objects.filter(user_id=user_id)
         .select_related("tenant")
+        .annotate(unread=unread_count_subquery(user_id))
         .order_by("tenant__name", "tenant__slug", "role")
     )
 
 
 def console_memberships(user: Any) -> list[Membership]:
-    """The user's memberships with their tenants, in one query (read on every page)."""
+    """The user's memberships with their tenants, in one query (read on every page); each
+    carries the user's unread notifications' count as ``unread``, the header's."""
     if not user.is_authenticated:
         return []
     if not on_postgresql():
         return list(_memberships_queryset(user.pk))
     memberships = []
-    for row in fetch(_MEMBERSHIPS_SQL, [user.pk]):
-        membership, membership.tenant = split(row, _MEMBERSHIP, _TENANT)
+    for row in fetch(_MEMBERSHIPS_SQL, [user.pk, user.pk]):
+        membership, membership.tenant, membership.unread = split(row, _MEMBERSHIP, _TENANT, 1)
         memberships.append(membership)
     return memberships
 
