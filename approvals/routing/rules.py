@@ -79,27 +79,3 @@ def tenant_reviewer_ids(tenant_id: int) -> list[int]:
         .values_list("user_id", flat=True)
         .distinct()
     )
-
-
-def routed_to_user(user_id: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The rule versions whose groups hold ``user``, and those whose fallback group holds
-    them (a request routed by one of these is theirs once escalated): what the inbox lists
-    first. One query."""
-    if user_id is None:
-        return (), ()
-    # No ordering in the parts of a UNION (SQLite refuses one; the model has a default).
-    mine = (
-        RoutingRuleVersion.objects.filter(groups__members__pk=user_id)
-        .order_by()
-        .values_list("pk", Value(0, output_field=IntegerField()))
-    )
-    fallback = (
-        RoutingRuleVersion.objects.filter(fallback_group__members__pk=user_id)
-        .order_by()
-        .values_list("pk", Value(1, output_field=IntegerField()))
-    )
-    rows = list(mine.union(fallback))
-    return (
-        tuple(sorted({pk for pk, kind in rows if kind == 0})),
-        tuple(sorted({pk for pk, kind in rows if kind == 1})),
-    )

@@ -14,7 +14,6 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.models import Occurrence
 from approvals.reviews.bulk import BULK_MAX
 from approvals.reviews.selectors import inbox_tools
-from approvals.routing.rules import routed_to_user
 from approvals.web.forms import (
     STATE_ALL,
     STATE_WENT_WRONG,
@@ -54,7 +53,6 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     narrowing = form.narrowing()
     tenant_ids = [scope.pk] if scope else access.tenant_ids
     went_wrong = state == STATE_WENT_WRONG
-    routed_versions, fallback_versions = routed_to_user(request.user.pk)
     query = InboxQuery(
         tenant_ids=tenant_ids,
         tool_id=tools.get(tool),
@@ -64,11 +62,13 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         run_id=narrowing.run,
         amount_min=narrowing.amount_min,
         amount_max=narrowing.amount_max,
-        routed_versions=routed_versions,
-        fallback_versions=fallback_versions,
+        reader_id=request.user.pk,
     )
-    # The stamp first, from two aggregates: a poll that finds nothing new ends here.
-    total, last_change = inbox_total(query)
+    # The stamp first, from two aggregates: a poll that finds nothing new ends here. The
+    # count's statement also reads the rule versions that route to the reader: the query
+    # it answers with orders the page by them.
+    counted = inbox_total(query)
+    total, last_change, query = counted.total, counted.last_change, counted.query
     # The paginator only numbers the pages (of ``total`` rows, just read for the stamp):
     # ``inbox_page`` reads the rows of the one shown.
     page = Paginator(range(total), INBOX_PAGE_SIZE).get_page(request.GET.get("page"))
@@ -105,7 +105,6 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         total=total,
         rendered=rendered,
         narrowing=narrowing.query(),
-        routed=query.is_routed,
     )
     context = {
         **chrome(request, access),

@@ -191,9 +191,9 @@ def test_the_inbox_reads_answer_as_their_orm_twins(
             )
     # EUR 80.00 (5 of them, one approved), JPY 900, KWD 90.500: the range reads each in
     # its own currency's major units.
-    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80")))[0] == 7
-    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80.01")))[0] == 2
-    assert inbox.inbox_total(InboxQuery([mine], amount_max=Decimal("90.5")))[0] == 6
+    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80"))).total == 7
+    assert inbox.inbox_total(InboxQuery([mine], amount_min=Decimal("80.01"))).total == 2
+    assert inbox.inbox_total(InboxQuery([mine], amount_max=Decimal("90.5"))).total == 6
     contracts = inbox_tools()
     assert [_row(t) for t in contracts.values()] == [
         _row(t) for t in ToolContract.objects.defer("json_schema", "description").order_by("name")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from approvals.errors import InputError
 from approvals.models import (
@@ -252,10 +253,20 @@ def test_the_inbox_lists_what_is_routed_to_the_reader_first(
     assert rows[0] == (small[0], True) and (large, False) in rows
 
 
+def _badged(rows: list[Occurrence]) -> list[tuple[Any, bool]]:
+    """Each row and whether the read says it is routed to the reader."""
+    return [(o.pk, o.routed_first) for o in rows]  # type: ignore[attr-defined]
+
+
 def test_the_routed_order_reads_as_its_orm_twin(
-    runtime: Runtime, reviewer: Any, second_reviewer: Any, rules: dict[str, RoutingRuleVersion]
+    runtime: Runtime,
+    reviewer: Any,
+    second_reviewer: Any,
+    admin_user: Any,
+    rules: dict[str, RoutingRuleVersion],
 ) -> None:
-    from approvals.routing.rules import routed_to_user
+    """The SQL reads order by the rule versions the count's statement read for the reader;
+    the ORM twins ask the reader's groups row by row: the same rows, order and badges."""
     from approvals.web.selectors import inbox
     from approvals.web.selectors.inbox import InboxQuery
 
@@ -263,18 +274,32 @@ def test_the_routed_order_reads_as_its_orm_twin(
         pytest.skip("the SQL reads run on PostgreSQL only")
     for n, amount in enumerate([90000, 100, 70000, 200, 300]):
         runtime.propose(arguments=refund(amount), client_ref=f"c{n}")
+    # One small refund escalated: finance-leads (its rule's fallback group) is asked too.
+    Occurrence.objects.filter(client_ref="c3").update(escalated_at=timezone.now())
     tenant_id = runtime.key.tenant_id
-    for user in (reviewer, second_reviewer):
-        mine, fallback = routed_to_user(user.pk)
-        query = InboxQuery([tenant_id], routed_versions=mine, fallback_versions=fallback)
+    asked = {}
+    for user in (reviewer, second_reviewer, admin_user):  # support, finance-leads, neither
+        counted = inbox.inbox_total(InboxQuery([tenant_id], reader_id=user.pk))
+        query = counted.query
+        assert counted.total == 5
         for offset, limit in ((0, 2), (1, 3), (0, 25)):
-            read = [o.pk for o in inbox._page_rows(query, offset, limit)[0]]
+            read = _badged(inbox._page_rows(query, offset, limit)[0])
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(inbox, "on_postgresql", lambda: False)
-                orm = [o.pk for o in inbox._page_rows(query, offset, limit)[0]]
+                orm = _badged(inbox._page_rows(query, offset, limit)[0])
                 last_orm = inbox.inbox_last_event(query, offset=offset, limit=limit)
+                assert inbox.inbox_total(query) == counted
             assert read == orm
             assert inbox.inbox_last_event(query, offset=offset, limit=limit) == last_orm
+        rows = inbox._page_rows(query, 0, 25)[0]
+        asked[user.username] = [
+            o.client_ref for o, (_, routed) in zip(rows, _badged(rows), strict=True) if routed
+        ]
+    assert asked == {
+        reviewer.username: ["c4", "c3", "c1"],  # the small ones, newest first
+        second_reviewer.username: ["c3", "c2", "c0"],  # the large ones and the escalated one
+        admin_user.username: [],
+    }
 
 
 # --- the admin page ----------------------------------------------------------------------------

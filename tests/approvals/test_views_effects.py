@@ -176,7 +176,7 @@ def test_the_effect_reads_answer_as_their_orm_twins(
     def read(query: InboxQuery) -> Any:
         page, _, approvals = inbox._page_rows(query, 0, 25)
         return (
-            inbox.inbox_total(query)[0],
+            inbox.inbox_total(query).total,
             [o.pk for o in page],
             sorted((str(a.pk), a.command_state, a.interrupted) for a in approvals),  # type: ignore[attr-defined]
         )

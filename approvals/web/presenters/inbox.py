@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -104,8 +104,9 @@ class InboxRow:
         return occurrence_path("approvals:review", self.occurrence.pk)
 
 
-def inbox_row(occurrence: Occurrence, now: datetime, *, routed: bool = False) -> InboxRow:
-    """One row, from an occurrence loaded by ``approvals.web.selectors.inbox.inbox_page``."""
+def inbox_row(occurrence: Occurrence, now: datetime) -> InboxRow:
+    """One row, from an occurrence loaded by ``approvals.web.selectors.inbox.inbox_page``
+    (its ``routed_first`` says a rule routes it to the reader)."""
     proposals = getattr(occurrence, "current_proposals", [])
     arguments = proposals[0].arguments if proposals else {}
     badge, label = inbox_badge(occurrence, now)
@@ -119,7 +120,7 @@ def inbox_row(occurrence: Occurrence, now: datetime, *, routed: bool = False) ->
         label=label,
         age=age(occurrence.created_at, now),
         escalated=escalated_badge(occurrence, now),
-        routed=routed,
+        routed=bool(getattr(occurrence, "routed_first", False)),
         flags=argument_flags(arguments),
     )
 
@@ -162,16 +163,11 @@ def inbox_list(
     total: int,
     rendered: str,
     narrowing: dict[str, str] | None = None,
-    routed: Callable[[Occurrence], bool] | None = None,
 ) -> dict[str, Any]:
     """What the inbox list shows; ``rendered`` is the stamp its poll sends back;
-    ``narrowing`` the requester, run and amount filters, kept in its links; ``routed`` says
-    which rows are routed to the reader (badged, and listed first by the query)."""
+    ``narrowing`` the requester, run and amount filters, kept in its links."""
     now = timezone.now()
-    rows = [
-        inbox_row(occurrence, now, routed=bool(routed and routed(occurrence)))
-        for occurrence in occurrences
-    ]
+    rows = [inbox_row(occurrence, now) for occurrence in occurrences]
     filters = {"tool": tool, "state": state, **(narrowing or {})}
     state_label = dict(STATE_CHOICES)[state]
     counted = "requests in all states" if state == STATE_ALL else state_label.lower()

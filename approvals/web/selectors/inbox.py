@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -32,6 +32,8 @@ from approvals.models import (
     Command,
     Occurrence,
     Proposal,
+    ReviewerGroup,
+    RoutingRuleVersion,
     Tenant,
     ToolContract,
 )
@@ -73,9 +75,13 @@ class InboxQuery:
     amount_min: Decimal | None = None
     amount_max: Decimal | None = None
 
-    # Routing (``approvals.routing.rules.routed_to_user``): pending requests routed by
-    # these rule versions come first, and those routed by ``fallback_versions`` once
-    # escalated; the rest follow, newest first.
+    # Routing: the pending requests a rule routes to ``reader_id`` (a rule version whose
+    # groups hold them, or whose fallback group does once the request is escalated) come
+    # first, badged; the rest follow, newest first. None: newest first.
+    reader_id: int | None = None
+    # Those rule versions, on PostgreSQL: ``inbox_total`` reads them in its statement and
+    # answers with the query holding them, which the page's reads order by. (The ORM twins
+    # ask the reader's groups in their own statements instead.)
     routed_versions: tuple[int, ...] = ()
     fallback_versions: tuple[int, ...] = ()
 
@@ -83,14 +89,21 @@ class InboxQuery:
     def by_amount(self) -> bool:
         return self.amount_min is not None or self.amount_max is not None
 
-    def is_routed(self, occurrence: Occurrence) -> bool:
-        """Whether the row is routed to the reader (what the inbox lists first)."""
-        if occurrence.status != Occurrence.Status.PENDING_REVIEW:
-            return False
-        version = occurrence.routed_by_id
-        return version in self.routed_versions or (
-            occurrence.escalated_at is not None and version in self.fallback_versions
-        )
+    @property
+    def routes(self) -> bool:
+        """Whether the SQL reads put rows routed to the reader first: only when a rule
+        routes to them, so that the plain order reads a page from the index alone."""
+        return bool(self.routed_versions or self.fallback_versions)
+
+
+@dataclass(frozen=True)
+class InboxCount:
+    """``inbox_total``'s answer: how many rows, when the newest changed, and the query with
+    the rule versions that route to its reader (what the page's reads order by)."""
+
+    total: int
+    last_change: datetime | None
+    query: InboxQuery
 
 
 # The amount the inbox's amount range reads: the arguments' top-level ``amount_minor``,
@@ -170,29 +183,38 @@ def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
                 )
             )
         )
-    if query.routed_versions or query.fallback_versions:
-        pending = Q(status=Occurrence.Status.PENDING_REVIEW)
-        routed = Q(routed_by_id__in=query.routed_versions) | Q(
-            escalated_at__isnull=False, routed_by_id__in=query.fallback_versions
+    if query.reader_id is not None:
+        version = RoutingRuleVersion.objects.filter(pk=OuterRef("routed_by_id"))
+        mine = version.filter(groups__members__pk=query.reader_id)
+        fallback = version.filter(fallback_group__members__pk=query.reader_id)
+        routed = Q(status=Occurrence.Status.PENDING_REVIEW) & (
+            Exists(mine) | Q(escalated_at__isnull=False) & Exists(fallback)
         )
         queryset = queryset.annotate(
-            routed_first=Case(When(pending & routed, then=Value(1)), default=Value(0))
+            routed_first=Case(When(routed, then=Value(True)), default=Value(False))
         )
         return queryset.order_by("-routed_first", "-created_at", "-pk")
     return queryset.order_by("-created_at", "-pk")
 
 
+def _routed(query: InboxQuery) -> tuple[str, list[Any]]:
+    """Whether the row ``o`` is routed to the reader, as SQL, and its values."""
+    if not query.routes:
+        return "FALSE", []
+    sql = (
+        f"(o.status = '{Occurrence.Status.PENDING_REVIEW.value}' AND (o.routed_by_id = ANY(%s)"
+        " OR (o.escalated_at IS NOT NULL AND o.routed_by_id = ANY(%s))))"
+    )
+    return sql, [list(query.routed_versions), list(query.fallback_versions)]
+
+
 def _order(query: InboxQuery) -> tuple[str, list[Any]]:
     """The inbox's order: what is routed to the reader first (only when something is: the
     plain order reads the page from the index alone), then newest first."""
-    if not (query.routed_versions or query.fallback_versions):
+    if not query.routes:
         return "o.created_at DESC, o.id DESC", []
-    sql = (
-        f"(o.status = '{Occurrence.Status.PENDING_REVIEW.value}' AND (o.routed_by_id = ANY(%s)"
-        " OR (o.escalated_at IS NOT NULL AND o.routed_by_id = ANY(%s)))) DESC,"
-        " o.created_at DESC, o.id DESC"
-    )
-    return sql, [list(query.routed_versions), list(query.fallback_versions)]
+    routed, params = _routed(query)
+    return f"{routed} DESC, o.created_at DESC, o.id DESC", params
 
 
 def _where(query: InboxQuery) -> tuple[str, list[Any]]:
@@ -235,17 +257,44 @@ def _page_ids(where: str, order: str = "o.created_at DESC, o.id DESC") -> str:
                 ORDER BY {order} LIMIT %s OFFSET %s"""  # noqa: S608
 
 
-def inbox_total(query: InboxQuery) -> tuple[int, datetime | None]:
-    """How many occurrences the inbox lists, and when the newest change among them was."""
+_VERSION_GROUPS = RoutingRuleVersion.groups.through._meta.db_table
+_GROUP_MEMBERS = ReviewerGroup.members.through._meta.db_table
+
+# The rule versions whose groups hold the reader, and those whose fallback group does: two
+# arrays beside the count, in its statement (uncorrelated: each is read once).
+_ROUTED_TO_READER = f"""
+       ARRAY(SELECT DISTINCT vg.routingruleversion_id FROM {_VERSION_GROUPS} vg
+               JOIN {_GROUP_MEMBERS} gm ON gm.reviewergroup_id = vg.reviewergroup_id
+              WHERE gm.user_id = %s ORDER BY 1),
+       ARRAY(SELECT v.id FROM approvals_routingruleversion v
+               JOIN {_GROUP_MEMBERS} gm ON gm.reviewergroup_id = v.fallback_group_id
+              WHERE gm.user_id = %s ORDER BY 1)"""  # noqa: S608 (no input in the text)
+
+
+def inbox_total(query: InboxQuery) -> InboxCount:
+    """How many occurrences the inbox lists, when the newest change among them was, and
+    (in the same statement) the rule versions that route to the query's reader."""
     if not query.tenant_ids:
-        return 0, None  # no tenant to list
+        return InboxCount(0, None, query)  # no tenant to list
     if not on_postgresql():
         found = _inbox_filtered(query).aggregate(total=Count("pk"), last=Max("updated_at"))
-        return found["total"], found["last"]
+        return InboxCount(found["total"], found["last"], query)
     where, params = _where(query)
-    sql = f"SELECT COUNT(o.id), MAX(o.updated_at) FROM approvals_occurrence o WHERE {where}"  # noqa: S608
-    [(total, last_change)] = fetch(sql, params)
-    return int(total), last_change
+    routing, routing_params = (
+        ("", [])
+        if query.reader_id is None
+        else (
+            f",{_ROUTED_TO_READER}",
+            [query.reader_id, query.reader_id],
+        )
+    )
+    sql = f"""SELECT COUNT(o.id), MAX(o.updated_at){routing}
+                FROM approvals_occurrence o WHERE {where}"""  # noqa: S608
+    [(total, last_change, *versions)] = fetch(sql, [*routing_params, *params])
+    if versions:
+        mine, fallback = versions
+        query = replace(query, routed_versions=tuple(mine), fallback_versions=tuple(fallback))
+    return InboxCount(int(total), last_change, query)
 
 
 def inbox_last_event(query: InboxQuery, *, offset: int, limit: int) -> int | None:
@@ -335,8 +384,8 @@ def inbox_page(
 def _page_rows(
     query: InboxQuery, offset: int, limit: int
 ) -> tuple[list[Occurrence], list[Proposal], list[Approval]]:
-    """The page's occurrences, and their current proposals (each with ``votes_count``) and
-    approvals."""
+    """The page's occurrences (each with ``routed_first``: routed to the reader), and their
+    current proposals (each with ``votes_count``) and approvals."""
     if not on_postgresql():
         page = list(_inbox_filtered(query)[offset : offset + limit])
         ids = [o.pk for o in page]
@@ -363,13 +412,16 @@ def _page_rows(
         return page, list(counted), loaded
     where, params = _where(query)
     order, order_params = _order(query)
-    sql = f"""SELECT {_OCCURRENCE.sql} FROM approvals_occurrence o
+    routed, routed_params = _routed(query)
+    sql = f"""SELECT {_OCCURRENCE.sql}, {routed} FROM approvals_occurrence o
                WHERE {where} AND o.id IN ({_page_ids(where, order)})
                ORDER BY {order}"""  # noqa: S608
-    page = [
-        _OCCURRENCE.load(row)
-        for row in fetch(sql, [*params, *params, *order_params, limit, offset, *order_params])
-    ]
+    page = []
+    for row in fetch(
+        sql, [*routed_params, *params, *params, *order_params, limit, offset, *order_params]
+    ):
+        occurrence, occurrence.routed_first = split(row, _OCCURRENCE, 1)
+        page.append(occurrence)
     ids = [o.pk for o in page]
     if not ids:
         return page, [], []
