@@ -274,6 +274,9 @@ def test_the_routed_order_reads_as_its_orm_twin(
         pytest.skip("the SQL reads run on PostgreSQL only")
     for n, amount in enumerate([90000, 100, 70000, 200, 300]):
         runtime.propose(arguments=refund(amount), client_ref=f"c{n}")
+    # The newest, routed by no rule (no rule for its tool): never first for being unrouted.
+    message = {"to": "a@b.c", "subject": "s", "body": "b"}
+    assert runtime.propose("send_message", arguments=message, client_ref="u").status_code == 201
     # One small refund escalated: finance-leads (its rule's fallback group) is asked too.
     Occurrence.objects.filter(client_ref="c3").update(escalated_at=timezone.now())
     tenant_id = runtime.key.tenant_id
@@ -281,7 +284,7 @@ def test_the_routed_order_reads_as_its_orm_twin(
     for user in (reviewer, second_reviewer, admin_user):  # support, finance-leads, neither
         counted = inbox.inbox_total(InboxQuery([tenant_id], reader_id=user.pk))
         query = counted.query
-        assert counted.total == 5
+        assert counted.total == 6
         for offset, limit in ((0, 2), (1, 3), (0, 25)):
             read = _badged(inbox._page_rows(query, offset, limit)[0])
             with pytest.MonkeyPatch.context() as patch:

@@ -198,12 +198,15 @@ def _inbox_filtered(query: InboxQuery) -> QuerySet[Occurrence]:
 
 
 def _routed(query: InboxQuery) -> tuple[str, list[Any]]:
-    """Whether the row ``o`` is routed to the reader, as SQL, and its values."""
+    """Whether the row ``o`` is routed to the reader, as SQL, and its values. Never NULL:
+    a request no rule routed (``routed_by_id`` NULL) would otherwise sort first, NULLs
+    being first in a descending order."""
     if not query.routes:
         return "FALSE", []
     sql = (
-        f"(o.status = '{Occurrence.Status.PENDING_REVIEW.value}' AND (o.routed_by_id = ANY(%s)"
-        " OR (o.escalated_at IS NOT NULL AND o.routed_by_id = ANY(%s))))"
+        f"COALESCE(o.status = '{Occurrence.Status.PENDING_REVIEW.value}'"
+        " AND (o.routed_by_id = ANY(%s)"
+        " OR (o.escalated_at IS NOT NULL AND o.routed_by_id = ANY(%s))), FALSE)"
     )
     return sql, [list(query.routed_versions), list(query.fallback_versions)]
 
