@@ -39,6 +39,7 @@ from approvals.routing.changes import (
     routing_rule_save,
 )
 from approvals.web.handoff import Handoff, handoff_put, handoff_take
+from approvals.web.money import format_money
 from approvals.web.presenters.routing import band_text
 from approvals.web.shell import AdminScope, HtmxHttpRequest, admin_scope, console_login_required
 
@@ -144,6 +145,53 @@ class GroupFields:
 
 
 @dataclass(frozen=True)
+class RuleFields:
+    """What the rule form shows: a rule chosen to change (its current version), or what
+    was posted."""
+
+    tool: str = ""
+    name: str = ""
+    groups: frozenset[int] = frozenset()
+    fallback: int | None = None
+    currency: str = ""
+    amount_over: str = ""
+    amount_up_to: str = ""
+
+    @classmethod
+    def of(cls, rule: RoutingRule, version: RoutingRuleVersion) -> RuleFields:
+        def units(minor: int | None) -> str:
+            if minor is None:
+                return ""
+            try:
+                return format_money(minor, version.currency).split(" ", 1)[1]
+            except ValueError:
+                return str(minor)
+
+        return cls(
+            rule.tool.name,
+            rule.name,
+            frozenset(g.pk for g in version.groups.all()),
+            version.fallback_group_id,
+            version.currency,
+            units(version.amount_over_minor),
+            units(version.amount_up_to_minor),
+        )
+
+    @classmethod
+    def posted(cls, data: QueryDict) -> RuleFields:
+        fallback = str(data.get("fallback_group", ""))
+        return cls(
+            str(data.get("tool", "")),
+            str(data.get("name", "")),
+            frozenset(int(g) for g in data.getlist("groups") if str(g).isdigit()),
+            int(fallback) if fallback.isdigit() else None,
+            str(data.get("currency", "")),
+            str(data.get("amount_over", "")),
+            str(data.get("amount_up_to", "")),
+        )
+
+
+@dataclass(frozen=True)
 class RuleRow:
     rule: RoutingRule
     current: RoutingRuleVersion
@@ -173,6 +221,26 @@ def _group(tenant: Tenant, pk: str | int | None) -> ReviewerGroup | None:
     if group is None:
         raise Http404("No such group in this tenant.")
     return group
+
+
+def _rule_fields(tenant: Tenant, pk: str | None) -> RuleFields:
+    """The form filled with the tenant's active rule ``pk`` (empty when none is asked
+    for); another tenant's rule, or a removed one, is a 404."""
+    if not pk:
+        return RuleFields()
+    version = None
+    if pk.isdigit():
+        version = (
+            RoutingRuleVersion.objects.filter(
+                rule__tenant=tenant, rule_id=int(pk), is_current=True, is_active=True
+            )
+            .select_related("rule__tool")
+            .prefetch_related("groups")
+            .first()
+        )
+    if version is None:
+        raise Http404("No such rule in this tenant.")
+    return RuleFields.of(version.rule, version)
 
 
 def _people(tenant: Tenant) -> list[tuple[int, str]]:
@@ -225,7 +293,7 @@ def _render(
     tenant: Tenant,
     *,
     fields: GroupFields | None = None,
-    rule_form: RuleForm | None = None,
+    rule: RuleFields | None = None,
     handoff: Handoff | None = None,
     errors: list[str] | None = None,
     status: int = 200,
@@ -238,9 +306,9 @@ def _render(
         for g in groups
     ]
     rules = []
-    for rule in RoutingRule.objects.filter(tenant=tenant).select_related("tool"):
+    for routing_rule in RoutingRule.objects.filter(tenant=tenant).select_related("tool"):
         versions = list(
-            rule.versions.select_related("fallback_group", "created_by")
+            routing_rule.versions.select_related("fallback_group", "created_by")
             .prefetch_related("groups")
             .order_by("-version")
         )
@@ -250,14 +318,13 @@ def _render(
         history = [(v, band_text(v), sorted(g.name for g in v.groups.all())) for v in versions]
         rules.append(
             RuleRow(
-                rule,
+                routing_rule,
                 current,
                 band_text(current),
                 history[0][2] if current.is_active else [],
                 history,
             )
         )
-    group_choices = [(g.pk, g.name) for g in groups]
     context = scope.context(
         "routing",
         tenant=tenant,
@@ -266,7 +333,7 @@ def _render(
         people=people,
         tools=list(ToolContract.objects.order_by("name").values_list("name", flat=True)),
         fields=fields or GroupFields(),
-        rule_form=rule_form or RuleForm(groups=group_choices),
+        rule=rule or RuleFields(),
         handoff=handoff,
         errors=errors or [],
         any_failing=any(row.failing for row in group_rows),
@@ -281,18 +348,20 @@ def _render(
 @console_login_required
 def routing(request: HtmxHttpRequest) -> HttpResponse:
     """The page; ``?group=`` opens the group form on that group, its members ticked (the
-    form's group picker asks for the form alone, an htmx partial)."""
+    form's group picker asks for the form alone, an htmx partial); ``?rule=`` opens the
+    rule form on that rule's current version."""
     scope = admin_scope(request)
     tenant = _tenant(scope, request.GET.get("tenant", ""))
     group = _group(tenant, request.GET.get("group"))
     fields = GroupFields.of(group) if group is not None else GroupFields()
+    rule = _rule_fields(tenant, request.GET.get("rule"))
     if request.htmx and request.htmx.target == "group-fields":
         context = {"fields": fields, "people": _people(tenant), "tenant": tenant}
         return render(request, f"{TEMPLATE}#group-fields", context)
     handoff = handoff_take(
         request, SECRET_HANDOFF, subject=tenant.pk, purpose=Purpose.WEBHOOK_SECRET_HANDOFF
     )
-    return _render(request, scope, tenant, fields=fields, handoff=handoff)
+    return _render(request, scope, tenant, fields=fields, rule=rule, handoff=handoff)
 
 
 def _back(tenant: Tenant) -> HttpResponse:
@@ -355,7 +424,8 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
     form = RuleForm(request.POST, groups=groups)
     if not form.is_valid():
         errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
-        return _render(request, scope, tenant, rule_form=form, errors=errors, status=422)
+        rule = RuleFields.posted(request.POST)
+        return _render(request, scope, tenant, rule=rule, errors=errors, status=422)
     data = form.cleaned_data
     try:
         version = routing_rule_save(
@@ -370,7 +440,8 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
             amount_up_to_minor=form.minor("amount_up_to"),
         )
     except InputError as exc:
-        return _render(request, scope, tenant, rule_form=form, errors=[exc.message], status=422)
+        rule = RuleFields.posted(request.POST)
+        return _render(request, scope, tenant, rule=rule, errors=[exc.message], status=422)
     messages.success(
         request, f"Saved rule {version.rule.name} for {data['tool']}: version {version.version}."
     )

@@ -1,7 +1,7 @@
 """Issue 26's routing page (``/manage/routing/``): a new webhook's signing secret crosses a
 redirect (post/redirect/get) and is shown once, never in a URL or a log; choosing a group
 fills the group form with its name, members and webhook (an htmx partial), for the
-tenant's admins only."""
+tenant's admins only; a rule's Change fills the rule form."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from approvals.models import Membership, ReviewerGroup, Tenant
-from approvals.routing.changes import group_secret_decrypt, reviewer_group_save
+from approvals.models import Membership, ReviewerGroup, RoutingRuleVersion, Tenant
+from approvals.routing.changes import (
+    group_secret_decrypt,
+    reviewer_group_save,
+    routing_rule_remove,
+    routing_rule_save,
+)
 from approvals.web.routing import SECRET_HANDOFF
 from tests.approvals.test_views_html import signed_in
 from tests.conftest import make_user
@@ -235,3 +240,103 @@ def test_removing_a_webhook_from_the_filled_form_removes_it(
     leads.refresh_from_db()
     assert (leads.webhook_url, leads.webhook_secret_encrypted) == ("", "")
     assert leads.slack_webhook_encrypted  # untouched
+
+
+# --- a rule's Change fills the rule form ---------------------------------------------------
+
+
+def test_a_rules_change_link_fills_the_rule_form_with_its_current_version(
+    tenant: Tenant, other_tenant: Tenant, admin_user: Any, leads: ReviewerGroup
+) -> None:
+    support = reviewer_group_save(
+        tenant=tenant, admin=admin_user, name="support", member_ids=[]
+    ).group
+    version = routing_rule_save(
+        tenant=tenant,
+        admin=admin_user,
+        tool="issue_refund",
+        name="large refunds",
+        group_ids=[leads.pk],
+        fallback_group_id=support.pk,
+        currency="EUR",
+        amount_over_minor=50000,
+        amount_up_to_minor=1000000,
+    )
+    admin = signed_in(admin_user)
+    listed = admin.get("/manage/routing/").content.decode()
+    assert f"?tenant={tenant.slug}&amp;rule={version.rule_id}#rule-form-h" in listed
+
+    html = admin.get(f"/manage/routing/?rule={version.rule_id}").content.decode()
+
+    form = html[html.index('id="rule-form"') :]
+    assert '<option value="issue_refund" selected>' in form
+    assert re.search(r'id="rule-name"[^>]* value="large refunds"', form)
+    assert f'name="groups" value="{leads.pk}" checked' in form
+    assert f'name="groups" value="{support.pk}">' in form
+    assert f'<option value="{support.pk}" selected>support</option>' in form
+    assert re.search(r'id="rule-currency"[^>]* value="EUR"', form)
+    assert re.search(r'id="rule-over"[^>]* value="500.00"', form)
+    assert re.search(r'id="rule-up-to"[^>]* value="10,000.00"', form)
+
+    # Saved as filled, it is the same rule's next version, with the same band.
+    posted = admin.post(
+        "/manage/routing/rules",
+        {
+            "tenant": tenant.slug,
+            "tool": "issue_refund",
+            "name": "large refunds",
+            "groups": [leads.pk],
+            "fallback_group": support.pk,
+            "currency": "EUR",
+            "amount_over": "500.00",
+            "amount_up_to": "10,000.00",
+        },
+    )
+    assert posted.status_code == 302
+    current = RoutingRuleVersion.objects.get(rule_id=version.rule_id, is_current=True)
+    assert (current.version, current.amount_over_minor, current.amount_up_to_minor) == (
+        2,
+        50000,
+        1000000,
+    )
+
+    # Another tenant's rule, or a removed one, is not read.
+    theirs_admin = make_user("gina", other_tenant, Membership.Role.ADMIN)
+    theirs_group = reviewer_group_save(
+        tenant=other_tenant, admin=theirs_admin, name="globex-group", member_ids=[]
+    ).group
+    theirs = routing_rule_save(
+        tenant=other_tenant,
+        admin=theirs_admin,
+        tool="issue_refund",
+        name="globex-rule",
+        group_ids=[theirs_group.pk],
+    )
+    for url in (f"/manage/routing/?rule={theirs.rule_id}", "/manage/routing/?rule=x"):
+        answer = admin.get(url)
+        assert answer.status_code == 404 and b"globex" not in answer.content
+    routing_rule_remove(tenant=tenant, admin=admin_user, rule_id=version.rule_id)
+    assert admin.get(f"/manage/routing/?rule={version.rule_id}").status_code == 404
+
+
+def test_a_refused_rule_keeps_what_was_typed(
+    tenant: Tenant, admin_user: Any, leads: ReviewerGroup
+) -> None:
+    refused = signed_in(admin_user).post(
+        "/manage/routing/rules",
+        {
+            "tenant": tenant.slug,
+            "tool": "issue_refund",
+            "name": "odd band",
+            "groups": [leads.pk],
+            "currency": "EUR",
+            "amount_over": "5.001",
+        },
+    )
+    assert refused.status_code == 422
+    form = refused.content.decode()
+    form = form[form.index('id="rule-form"') :]
+    assert "too many decimals" in refused.content.decode()
+    assert re.search(r'id="rule-name"[^>]* value="odd band"', form)
+    assert re.search(r'id="rule-over"[^>]* value="5.001"', form)
+    assert f'name="groups" value="{leads.pk}" checked' in form
