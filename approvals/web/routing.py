@@ -296,6 +296,7 @@ def _render(
     rule: RuleFields | None = None,
     handoff: Handoff | None = None,
     errors: list[str] | None = None,
+    refused: str = "",  # the form whose post was refused: "group" or "rule"
     status: int = 200,
 ) -> HttpResponse:
     people = _people(tenant)
@@ -336,6 +337,7 @@ def _render(
         rule=rule or RuleFields(),
         handoff=handoff,
         errors=errors or [],
+        refused=refused,
         any_failing=any(row.failing for row in group_rows),
     )
     response = render(request, TEMPLATE, context, status=status)
@@ -380,7 +382,9 @@ def routing_group_save(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
         fields = GroupFields.posted(request.POST, group)
-        return _render(request, scope, tenant, fields=fields, errors=errors, status=422)
+        return _render(
+            request, scope, tenant, fields=fields, errors=errors, refused="group", status=422
+        )
     data = form.cleaned_data
     slack = "" if data["remove_slack"] else (data["slack_webhook_url"] or None)
     webhook = data["webhook_url"] if data["webhook_url"] or group is None else None
@@ -399,7 +403,9 @@ def routing_group_save(request: HttpRequest) -> HttpResponse:
         )
     except InputError as exc:
         fields = GroupFields.posted(request.POST, group)
-        return _render(request, scope, tenant, fields=fields, errors=[exc.message], status=422)
+        return _render(
+            request, scope, tenant, fields=fields, errors=[exc.message], refused="group", status=422
+        )
     messages.success(request, f"Saved group {saved.group.name}.")
     if saved.secret:
         # Post/redirect/get: the page after the redirect shows the secret once (the
@@ -425,7 +431,7 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
         rule = RuleFields.posted(request.POST)
-        return _render(request, scope, tenant, rule=rule, errors=errors, status=422)
+        return _render(request, scope, tenant, rule=rule, errors=errors, refused="rule", status=422)
     data = form.cleaned_data
     try:
         version = routing_rule_save(
@@ -441,7 +447,9 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
         )
     except InputError as exc:
         rule = RuleFields.posted(request.POST)
-        return _render(request, scope, tenant, rule=rule, errors=[exc.message], status=422)
+        return _render(
+            request, scope, tenant, rule=rule, errors=[exc.message], refused="rule", status=422
+        )
     messages.success(
         request, f"Saved rule {version.rule.name} for {data['tool']}: version {version.version}."
     )

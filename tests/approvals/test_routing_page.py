@@ -336,7 +336,13 @@ def test_a_refused_rule_keeps_what_was_typed(
     assert refused.status_code == 422
     form = refused.content.decode()
     form = form[form.index('id="rule-form"') :]
-    assert "too many decimals" in refused.content.decode()
+    # Said at the top, where the page opens, with the way to the form; and at the form.
+    assert (
+        '<p class="notice notice--error" role="alert">The rule was not saved: 5.001 has too '
+        'many decimals. <a href="#rule-form-h">To the rule form</a>' in refused.content.decode()
+    )
+    at_form = refused.content.decode().split('id="rule-form-h"', 1)[1]
+    assert at_form.index("5.001 has too many decimals.") < at_form.index('id="rule-form"')
     assert re.search(r'id="rule-name"[^>]* value="odd band"', form)
     assert re.search(r'id="rule-over"[^>]* value="5.001"', form)
     assert f'name="groups" value="{leads.pk}" checked' in form
