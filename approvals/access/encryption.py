@@ -32,6 +32,9 @@ class Purpose(StrEnum):
     # A runtime key on its way from the POST that created it to the page that shows it
     # once (the session holds it for that redirect only, never in the clear).
     KEY_HANDOFF = "runtime key handoff"
+    # A reviewer group's new webhook signing secret, on its way to the routing page in
+    # the same way.
+    WEBHOOK_SECRET_HANDOFF = "webhook secret handoff"
 
 
 def _fernet(secret_key: str | bytes, purpose: Purpose) -> Fernet:

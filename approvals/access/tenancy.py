@@ -9,6 +9,7 @@ from approvals.models import (
     Membership,
     Tenant,
 )
+from approvals.sql import fetch, on_postgresql
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -30,3 +31,22 @@ def username_of(user: User) -> str:
 
 def tenant_create(*, slug: str, name: str = "") -> Tenant:
     return Tenant.objects.create(slug=slug, name=name or slug)
+
+
+_MEMBERS_SQL = """
+SELECT DISTINCT u.username, u.email
+  FROM approvals_membership m
+  JOIN auth_user u ON u.id = m.user_id
+ WHERE m.tenant_id = %s"""
+
+
+def tenant_members(tenant_id: int) -> list[tuple[str, str]]:
+    """The (username, email) of everyone with a role in the tenant: whom an
+    agent-supplied requester may name (the review page, the notifications)."""
+    if on_postgresql():
+        return [(name, email) for name, email in fetch(_MEMBERS_SQL, [tenant_id])]
+    return list(
+        Membership.objects.filter(tenant_id=tenant_id)
+        .values_list("user__username", "user__email")
+        .distinct()
+    )

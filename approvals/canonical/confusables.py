@@ -4,6 +4,7 @@ name the same person, and look-alike letters from other scripts (Unicode TR39, f
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
@@ -77,6 +78,26 @@ def same_person(name: str, *identities: str) -> bool:
     address) after ``identity_key``. An empty or invisible name names no one."""
     key = identity_key(name)
     return bool(key) and any(key == identity_key(i) for i in identities if i)
+
+
+def member_named(name: str, members: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    """The first of ``members`` (a tenant's (username, email) pairs) that ``name``
+    (agent-supplied) names after ``identity_key``, or None."""
+    return next((m for m in members if same_person(name, *m)), None)
+
+
+def json_escape(char: str) -> str:
+    """``char`` as JSON writes it escaped: ``\\uXXXX``, or a surrogate pair above U+FFFF."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def plain_reveal(text: str) -> str:
+    """``text`` with hidden characters as ``\\uXXXX``: for a textarea, or plain text."""
+    return "".join(json_escape(c) if is_hidden(c) and ord(c) > 0x7F else c for c in text)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals.access.encryption import Purpose, secret_decrypt, secret_encrypt
+from approvals.access.encryption import Purpose
 from approvals.access.runtime_keys import (
     runtime_key_deactivate,
     runtime_key_issue,
@@ -27,6 +27,7 @@ from approvals.access.runtime_keys import (
 )
 from approvals.errors import InputError, ServiceError
 from approvals.models import RuntimeKey, Tenant
+from approvals.web.handoff import handoff_put, handoff_take
 from approvals.web.shell import AdminScope, admin_scope, age, console_login_required, duration
 
 TEMPLATE_KEYS = "approvals/keys.html"
@@ -36,9 +37,8 @@ TEMPLATE_KEY_CREATED = "approvals/keys_created.html"
 TEMPLATE_KEY_DEACTIVATE = "approvals/keys_deactivate.html"
 
 # The session entry that carries a new key, encrypted, from the POST to the one page that
-# shows it, for at most this long.
+# shows it (approvals.web.handoff).
 HANDOFF = "runtime_key_handoff"
-HANDOFF_SECONDS = 300
 
 
 class KeyCreateForm(forms.Form):
@@ -134,10 +134,7 @@ def keys_create(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied(exc.message) from exc
     # Post/redirect/get: a reload of the page that shows the key never posts again. The key
     # crosses the redirect in the session, encrypted, and the page takes it out.
-    request.session[HANDOFF] = {
-        "key_id": key.pk,
-        "sealed": secret_encrypt(raw, purpose=Purpose.KEY_HANDOFF),
-    }
+    handoff_put(request, HANDOFF, subject=key.pk, secret=raw, purpose=Purpose.KEY_HANDOFF)
     return redirect("approvals:key-created", key_id=key.pk)
 
 
@@ -155,13 +152,8 @@ def key_created(request: HttpRequest, key_id: int) -> HttpResponse:
     )
     if key is None:
         raise Http404("No such runtime key in your tenants.")
-    handoff = request.session.get(HANDOFF) or {}
-    raw = ""
-    if handoff.get("key_id") == key.pk:
-        del request.session[HANDOFF]
-        raw = secret_decrypt(
-            handoff.get("sealed", ""), purpose=Purpose.KEY_HANDOFF, ttl=HANDOFF_SECONDS
-        )
+    handoff = handoff_take(request, HANDOFF, subject=key.pk, purpose=Purpose.KEY_HANDOFF)
+    raw = handoff.secret if handoff else ""
     response = render(
         request,
         TEMPLATE_KEY_CREATED,

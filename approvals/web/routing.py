@@ -13,13 +13,15 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.db.models import Count, Max, Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.debug import sensitive_post_parameters
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.access.encryption import Purpose
 from approvals.canonical.money import currency_exponent
 from approvals.errors import InputError
 from approvals.models import (
@@ -36,10 +38,15 @@ from approvals.routing.changes import (
     routing_rule_remove,
     routing_rule_save,
 )
+from approvals.web.handoff import Handoff, handoff_put, handoff_take
+from approvals.web.money import format_money
 from approvals.web.presenters.routing import band_text
-from approvals.web.shell import AdminScope, admin_scope, console_login_required
+from approvals.web.shell import AdminScope, HtmxHttpRequest, admin_scope, console_login_required
 
 TEMPLATE = "approvals/routing.html"
+# The session entry that carries a group's new webhook signing secret from the POST that
+# minted it to the page that shows it once (approvals.web.handoff).
+SECRET_HANDOFF = "webhook_secret_handoff"
 # A channel with this many failed deliveries in the last day shows as failing.
 FAILING_AFTER = 1
 FAILING_WINDOW = timedelta(days=1)
@@ -47,13 +54,13 @@ FAILING_WINDOW = timedelta(days=1)
 
 class GroupForm(forms.Form):
     tenant = forms.CharField(required=False)
-    group = forms.IntegerField(required=False)
     name = forms.CharField(max_length=100)
     members = forms.TypedMultipleChoiceField(coerce=int, required=False)
     slack_webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
     remove_slack = forms.BooleanField(required=False)
     webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
     rotate_secret = forms.BooleanField(required=False)
+    remove_webhook = forms.BooleanField(required=False)
 
     def __init__(self, data: Any = None, *, members: list[tuple[int, str]]) -> None:
         super().__init__(data)
@@ -102,6 +109,89 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
+class GroupFields:
+    """What the group form shows: a group chosen to change, or what was posted."""
+
+    group: int | None = None
+    name: str = ""
+    members: frozenset[int] = frozenset()
+    webhook_url: str = ""
+    has_slack: bool = False  # set: the URL itself is never shown again
+    has_webhook: bool = False
+
+    @classmethod
+    def of(cls, group: ReviewerGroup) -> GroupFields:
+        return cls(
+            group.pk,
+            group.name,
+            frozenset(m.pk for m in group.members.all()),
+            group.webhook_url,
+            bool(group.slack_webhook_encrypted),
+            bool(group.webhook_url),
+        )
+
+    @classmethod
+    def posted(cls, data: QueryDict, group: ReviewerGroup | None) -> GroupFields:
+        """The posted values, shown again with the errors; the Slack URL is not."""
+        members = {int(m) for m in data.getlist("members") if str(m).isdigit()}
+        return cls(
+            group.pk if group else None,
+            str(data.get("name", "")),
+            frozenset(members),
+            str(data.get("webhook_url", "")),
+            bool(group and group.slack_webhook_encrypted),
+            bool(group and group.webhook_url),
+        )
+
+
+@dataclass(frozen=True)
+class RuleFields:
+    """What the rule form shows: a rule chosen to change (its current version), or what
+    was posted."""
+
+    tool: str = ""
+    name: str = ""
+    groups: frozenset[int] = frozenset()
+    fallback: int | None = None
+    currency: str = ""
+    amount_over: str = ""
+    amount_up_to: str = ""
+
+    @classmethod
+    def of(cls, rule: RoutingRule, version: RoutingRuleVersion) -> RuleFields:
+        def units(minor: int | None) -> str:
+            if minor is None:
+                return ""
+            try:
+                return format_money(minor, version.currency).split(" ", 1)[1]
+            except ValueError:
+                return str(minor)
+
+        return cls(
+            rule.tool.name,
+            rule.name,
+            frozenset(g.pk for g in version.groups.all()),
+            version.fallback_group_id,
+            version.currency,
+            units(version.amount_over_minor),
+            units(version.amount_up_to_minor),
+        )
+
+    @classmethod
+    def posted(cls, data: QueryDict) -> RuleFields:
+        fallback = str(data.get("fallback_group", ""))
+        return cls(
+            str(data.get("tool", "")),
+            str(data.get("name", "")),
+            frozenset(int(g) for g in data.getlist("groups") if str(g).isdigit()),
+            int(fallback) if fallback.isdigit() else None,
+            str(data.get("currency", "")),
+            str(data.get("amount_over", "")),
+            str(data.get("amount_up_to", "")),
+        )
+
+
+@dataclass(frozen=True)
 class RuleRow:
     rule: RoutingRule
     current: RoutingRuleVersion
@@ -117,6 +207,40 @@ def _tenant(scope: AdminScope, slug: str) -> Tenant:
     if tenant is None:
         raise Http404("You are no admin of that tenant.")
     return tenant
+
+
+def _group(tenant: Tenant, pk: str | int | None) -> ReviewerGroup | None:
+    """The tenant's group ``pk`` (None when none is asked for); another tenant's is a 404."""
+    if pk in (None, ""):
+        return None
+    try:
+        key = int(pk)  # type: ignore[arg-type]
+    except ValueError:
+        raise Http404("No such group in this tenant.") from None
+    group = ReviewerGroup.objects.filter(tenant=tenant, pk=key).first()
+    if group is None:
+        raise Http404("No such group in this tenant.")
+    return group
+
+
+def _rule_fields(tenant: Tenant, pk: str | None) -> RuleFields:
+    """The form filled with the tenant's active rule ``pk`` (empty when none is asked
+    for); another tenant's rule, or a removed one, is a 404."""
+    if not pk:
+        return RuleFields()
+    version = None
+    if pk.isdigit():
+        version = (
+            RoutingRuleVersion.objects.filter(
+                rule__tenant=tenant, rule_id=int(pk), is_current=True, is_active=True
+            )
+            .select_related("rule__tool")
+            .prefetch_related("groups")
+            .first()
+        )
+    if version is None:
+        raise Http404("No such rule in this tenant.")
+    return RuleFields.of(version.rule, version)
 
 
 def _people(tenant: Tenant) -> list[tuple[int, str]]:
@@ -168,10 +292,11 @@ def _render(
     scope: AdminScope,
     tenant: Tenant,
     *,
-    group_form: GroupForm | None = None,
-    rule_form: RuleForm | None = None,
-    secret: str = "",
+    fields: GroupFields | None = None,
+    rule: RuleFields | None = None,
+    handoff: Handoff | None = None,
     errors: list[str] | None = None,
+    refused: str = "",  # the form whose post was refused: "group" or "rule"
     status: int = 200,
 ) -> HttpResponse:
     people = _people(tenant)
@@ -182,9 +307,9 @@ def _render(
         for g in groups
     ]
     rules = []
-    for rule in RoutingRule.objects.filter(tenant=tenant).select_related("tool"):
+    for routing_rule in RoutingRule.objects.filter(tenant=tenant).select_related("tool"):
         versions = list(
-            rule.versions.select_related("fallback_group", "created_by")
+            routing_rule.versions.select_related("fallback_group", "created_by")
             .prefetch_related("groups")
             .order_by("-version")
         )
@@ -194,14 +319,13 @@ def _render(
         history = [(v, band_text(v), sorted(g.name for g in v.groups.all())) for v in versions]
         rules.append(
             RuleRow(
-                rule,
+                routing_rule,
                 current,
                 band_text(current),
                 history[0][2] if current.is_active else [],
                 history,
             )
         )
-    group_choices = [(g.pk, g.name) for g in groups]
     context = scope.context(
         "routing",
         tenant=tenant,
@@ -209,45 +333,62 @@ def _render(
         rules=rules,
         people=people,
         tools=list(ToolContract.objects.order_by("name").values_list("name", flat=True)),
-        group_form=group_form or GroupForm(members=people),
-        rule_form=rule_form or RuleForm(groups=group_choices),
-        secret=secret,
+        fields=fields or GroupFields(),
+        rule=rule or RuleFields(),
+        handoff=handoff,
         errors=errors or [],
+        refused=refused,
         any_failing=any(row.failing for row in group_rows),
     )
-    return render(request, TEMPLATE, context, status=status)
+    response = render(request, TEMPLATE, context, status=status)
+    if handoff is not None:
+        add_never_cache_headers(response)
+    return response
 
 
 @require_GET
 @console_login_required
-def routing(request: HttpRequest) -> HttpResponse:
+def routing(request: HtmxHttpRequest) -> HttpResponse:
+    """The page; ``?group=`` opens the group form on that group, its members ticked (the
+    form's group picker asks for the form alone, an htmx partial); ``?rule=`` opens the
+    rule form on that rule's current version."""
     scope = admin_scope(request)
-    return _render(request, scope, _tenant(scope, request.GET.get("tenant", "")))
+    tenant = _tenant(scope, request.GET.get("tenant", ""))
+    group = _group(tenant, request.GET.get("group"))
+    fields = GroupFields.of(group) if group is not None else GroupFields()
+    rule = _rule_fields(tenant, request.GET.get("rule"))
+    if request.htmx and request.htmx.target == "group-fields":
+        context = {"fields": fields, "people": _people(tenant), "tenant": tenant}
+        return render(request, f"{TEMPLATE}#group-fields", context)
+    handoff = handoff_take(
+        request, SECRET_HANDOFF, subject=tenant.pk, purpose=Purpose.WEBHOOK_SECRET_HANDOFF
+    )
+    return _render(request, scope, tenant, fields=fields, rule=rule, handoff=handoff)
 
 
 def _back(tenant: Tenant) -> HttpResponse:
     return redirect(f"{reverse('approvals:routing')}?tenant={tenant.slug}")
 
 
+@sensitive_variables("saved")
 @sensitive_post_parameters("slack_webhook_url")
 @require_POST
 @console_login_required
 def routing_group_save(request: HttpRequest) -> HttpResponse:
     scope = admin_scope(request)
     tenant = _tenant(scope, request.POST.get("tenant", ""))
+    group = _group(tenant, request.POST.get("group"))
     form = GroupForm(request.POST, members=_people(tenant))
     if not form.is_valid():
         errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
-        return _render(request, scope, tenant, group_form=form, errors=errors, status=422)
+        fields = GroupFields.posted(request.POST, group)
+        return _render(
+            request, scope, tenant, fields=fields, errors=errors, refused="group", status=422
+        )
     data = form.cleaned_data
-    group = None
-    if data.get("group"):
-        group = ReviewerGroup.objects.filter(tenant=tenant, pk=data["group"]).first()
-        if group is None:
-            raise Http404("No such group in this tenant.")
     slack = "" if data["remove_slack"] else (data["slack_webhook_url"] or None)
     webhook = data["webhook_url"] if data["webhook_url"] or group is None else None
-    if group is not None and not data["webhook_url"] and request.POST.get("remove_webhook"):
+    if group is not None and data["remove_webhook"]:
         webhook = ""
     try:
         saved = reviewer_group_save(
@@ -261,12 +402,22 @@ def routing_group_save(request: HttpRequest) -> HttpResponse:
             group=group,
         )
     except InputError as exc:
-        return _render(request, scope, tenant, group_form=form, errors=[exc.message], status=422)
-    if saved.secret:
-        # Shown on this answer only (the console keeps it encrypted, never shows it again).
-        messages.success(request, f"Saved group {saved.group.name}.")
-        return _render(request, scope, tenant, secret=saved.secret)
+        fields = GroupFields.posted(request.POST, group)
+        return _render(
+            request, scope, tenant, fields=fields, errors=[exc.message], refused="group", status=422
+        )
     messages.success(request, f"Saved group {saved.group.name}.")
+    if saved.secret:
+        # Post/redirect/get: the page after the redirect shows the secret once (the
+        # console keeps it encrypted and never shows it again), and a reload posts nothing.
+        handoff_put(
+            request,
+            SECRET_HANDOFF,
+            subject=tenant.pk,
+            secret=saved.secret,
+            purpose=Purpose.WEBHOOK_SECRET_HANDOFF,
+            label=saved.group.name,
+        )
     return _back(tenant)
 
 
@@ -279,7 +430,8 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
     form = RuleForm(request.POST, groups=groups)
     if not form.is_valid():
         errors = [f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()]
-        return _render(request, scope, tenant, rule_form=form, errors=errors, status=422)
+        rule = RuleFields.posted(request.POST)
+        return _render(request, scope, tenant, rule=rule, errors=errors, refused="rule", status=422)
     data = form.cleaned_data
     try:
         version = routing_rule_save(
@@ -294,7 +446,10 @@ def routing_rule_save_view(request: HttpRequest) -> HttpResponse:
             amount_up_to_minor=form.minor("amount_up_to"),
         )
     except InputError as exc:
-        return _render(request, scope, tenant, rule_form=form, errors=[exc.message], status=422)
+        rule = RuleFields.posted(request.POST)
+        return _render(
+            request, scope, tenant, rule=rule, errors=[exc.message], refused="rule", status=422
+        )
     messages.success(
         request, f"Saved rule {version.rule.name} for {data['tool']}: version {version.version}."
     )

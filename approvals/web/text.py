@@ -13,16 +13,15 @@ from typing import Any
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from approvals.canonical.confusables import LookAlike, is_hidden, look_alikes
+from approvals.canonical.confusables import (
+    LookAlike,
+    is_hidden,
+    json_escape,
+    look_alikes,
+    plain_reveal,
+)
 
-
-def json_escape(char: str) -> str:
-    """``char`` as JSON writes it escaped: ``\\uXXXX``, or a surrogate pair above U+FFFF."""
-    code = ord(char)
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+__all__ = ["json_escape", "plain_reveal"]  # kept here for the pages that show text
 
 
 NO_HTML = SafeString("")
@@ -82,11 +81,6 @@ def reveal(text: str, look_alike: Collection[str] = ()) -> Revealed:
 
 def reveal_html(text: str) -> SafeString:
     return reveal(text).html
-
-
-def plain_reveal(text: str) -> str:
-    """``text`` with hidden characters as ``\\uXXXX``, for a textarea."""
-    return "".join(json_escape(c) if is_hidden(c) and ord(c) > 0x7F else c for c in text)
 
 
 def json_value(value: Any) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -445,35 +444,6 @@ def test_revoke_refuses_unclear_instructions_and_revokes_nothing(
         run("revoke_approvals", *args)
 
     assert set(states(three_approvals).values()) == {"issued"}
-
-
-# --- seed_demo ------------------------------------------------------------------------------
-
-
-def test_seed_demo_refuses_to_run_with_debug_off(db: Any, settings: Any) -> None:
-    settings.DEBUG = False
-
-    with pytest.raises(CommandError, match="runs only with DEBUG on"):
-        run("seed_demo")
-    assert not RuntimeKey.objects.exists()
-
-
-def test_seed_demo_twice_keeps_one_set_of_proposals_and_prints_a_working_key(
-    db: Any, settings: Any
-) -> None:
-    settings.DEBUG = True
-    run("seed_demo")
-    output = run("seed_demo")
-
-    raw = output.out.splitlines()[-1].strip().removeprefix("export KEY=")
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    assert client.get("/api/v1/audit/events").status_code == 200
-    assert Occurrence.objects.count() == 5
-    assert RuntimeKey.objects.count() == 2
-    # One demo request has short deadlines: a newcomer sees it escalate, then time out.
-    close = Occurrence.objects.get(tool__name="close_ticket")
-    assert close.review_deadline_at is not None and close.final_deadline_at is not None
-    assert close.final_deadline_at - close.review_deadline_at == timedelta(minutes=3)
 
 
 # --- revoke_approvals: the filters of the console's bulk revocation, --dry-run ---------------

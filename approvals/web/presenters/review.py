@@ -14,7 +14,8 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from approvals.canonical.confusables import is_hidden, same_person
+from approvals.access.tenancy import tenant_members
+from approvals.canonical.confusables import is_hidden, member_named, same_person
 from approvals.canonical.form import pretty
 from approvals.models import (
     Approval,
@@ -38,7 +39,6 @@ from approvals.web.presenters.history import (
     history_links,
     history_rows,
 )
-from approvals.web.selectors.access import tenant_members
 from approvals.web.selectors.review import (
     DecisionView,
     EffectEvidence,
@@ -426,14 +426,12 @@ class Requester:
 
 def requester(requested_by: str, members: Iterable[tuple[str, str]]) -> Requester:
     """``members`` are the tenant's (username, email) pairs."""
-    match = next(
-        (username for username, email in members if same_person(requested_by, username, email)),
-        None,
-    )
+    match = member_named(requested_by, members)
+    username = match[0] if match is not None else None
     return Requester(
         html=reveal_html(requested_by),
-        verified=match is not None,
-        member=match if match is not None and match != requested_by else "",
+        verified=username is not None,
+        member=username if username is not None and username != requested_by else "",
     )
 
 

@@ -104,12 +104,6 @@ SELECT u.username
  WHERE m.tenant_id = %s AND m.role = %s
  ORDER BY u.username"""
 
-_MEMBERS_SQL = """
-SELECT DISTINCT u.username, u.email
-  FROM approvals_membership m
-  JOIN auth_user u ON u.id = m.user_id
- WHERE m.tenant_id = %s"""
-
 
 def tenant_reviewer_names(tenant_id: int) -> list[str]:
     if on_postgresql():
@@ -118,17 +112,6 @@ def tenant_reviewer_names(tenant_id: int) -> list[str]:
         Membership.objects.filter(tenant_id=tenant_id, role=_REVIEWER)
         .order_by("user__username")
         .values_list("user__username", flat=True)
-    )
-
-
-def tenant_members(tenant_id: int) -> list[tuple[str, str]]:
-    """The (username, email) of everyone with a role in the tenant."""
-    if on_postgresql():
-        return [(name, email) for name, email in fetch(_MEMBERS_SQL, [tenant_id])]
-    return list(
-        Membership.objects.filter(tenant_id=tenant_id)
-        .values_list("user__username", "user__email")
-        .distinct()
     )
 
 

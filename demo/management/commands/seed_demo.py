@@ -81,6 +81,33 @@ DEMO_PROPOSALS: list[dict[str, Any]] = [
     },
 ]
 
+# Five small refunds of one run, alike but for the payment and the amount: a newcomer ticks
+# them in the inbox (filtered by this run) and decides them together at /reviews/bulk/,
+# which marks where they differ. Each under EUR 500.00, so one reviewer approves them.
+DEMO_BULK_RUN = "run-goodwill-0312"
+DEMO_BULK_REFUNDS: list[dict[str, Any]] = [
+    {
+        "tool": "issue_refund",
+        "arguments": {
+            "payment_id": payment_id,
+            "amount_minor": amount,
+            "currency": "EUR",
+            "reason": "Late delivery: goodwill credit",
+        },
+        "run_id": DEMO_BULK_RUN,
+        "reason": f"The courier delivered order {order} two days late; policy credits 10%.",
+        "requested_by": "alice",
+        "client_ref": f"demo-goodwill-{order}",
+    }
+    for order, payment_id, amount in (
+        ("2101", "pay_Gw2101a", 1250),
+        ("2102", "pay_Gw2102b", 990),
+        ("2103", "pay_Gw2103c", 2400),
+        ("2104", "pay_Gw2104d", 1250),
+        ("2105", "pay_Gw2105e", 1875),
+    )
+]
+
 
 # A demo-only contract with short deadlines, so that a newcomer sees a request escalated
 # after 2 minutes and timed out after 5 (the sweep runs under bin/demo's beat).
@@ -166,7 +193,10 @@ def _seed_routing(tenant: Tenant, base_url: str) -> None:
 
 
 class Command(BaseCommand):
-    help = "Create the demo tenant, its people, a runtime key and a few pending proposals."
+    help = (
+        "Create the demo tenant, its people, a runtime key and a few pending proposals, "
+        "five of them alike for bulk review."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", default="demo")
@@ -209,7 +239,7 @@ class Command(BaseCommand):
             contract.full_clean()
             contract.save()
         _seed_routing(tenant, options["base_url"].rstrip("/"))
-        for proposal in DEMO_PROPOSALS:
+        for proposal in [*DEMO_PROPOSALS, *DEMO_BULK_REFUNDS]:
             occurrence_propose(runtime_key=key, **proposal)
 
         self.stdout.write(f"Demo tenant: {tenant.slug}")
