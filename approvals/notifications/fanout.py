@@ -38,7 +38,11 @@ def _locked_event(event_id: uuid.UUID | str) -> NotificationEvent | None:
     audience are read from, in one query: the occurrence, its tool and tenant, the rule
     version that routed it and that version's fallback group, and the current proposal's
     canonical action, digest and version (``proposal_*``)."""
-    current = Proposal.objects.filter(occurrence_id=OuterRef("occurrence_id"), is_current=True)
+    # No ordering: there is one current proposal, and the model's default ordering would
+    # join the occurrence and sort, three times over.
+    current = Proposal.objects.filter(
+        occurrence_id=OuterRef("occurrence_id"), is_current=True
+    ).order_by()
     return (
         NotificationEvent.objects.select_for_update(skip_locked=True, of=("self",))
         .select_related(
