@@ -20,9 +20,11 @@ time of that row):
   by a bare task (``bench.notify_bench_tasks.mark_sent``: one ``UPDATE``), one message per
   row; measured before and after the drain, and their mean is the baseline;
 - **drain**: the outbox's own work, one ``approvals.notifications.fan_out`` message per
-  request (what the request's commit publishes), whose task writes the deliveries and
-  publishes one ``approvals.notifications.deliver`` each, which leases the row, sends the
-  e-mail and records the attempt (``approvals.outbound.outbox``).
+  request (what the request's commit publishes), whose task writes the deliveries and,
+  for a small audience (at most ``NOTIFY_INLINE_DELIVERIES`` due, 5 by default), sends them
+  itself: each row written leased, each e-mail sent on the process's SMTP connection and
+  its attempt recorded (``approvals.outbound.outbox.attempt_leased``); a larger audience
+  publishes one ``approvals.notifications.deliver`` each.
 
 It prints events fanned out and e-mails sent per second, the ratio drain/bare (deliveries
 sent per second over rows marked per second; the issue's target is >= 0.5), and the

@@ -76,7 +76,7 @@ def attempt_once(
     if not leased:
         return Attempt("skipped")
     row = rows._default_manager.select_related(*related).get(pk=pk)
-    return _send_and_record(row, attempts, send, max_attempts, backoff_seconds)
+    return _send_and_record(row, _Trying(attempts, send, max_attempts, backoff_seconds))
 
 
 def attempt_leased(
@@ -104,18 +104,22 @@ def attempt_leased(
         if not renewed:
             return Attempt("skipped")
         row.leased_until = now + LEASE
-    return _send_and_record(row, attempts, send, max_attempts, backoff_seconds)
+    return _send_and_record(row, _Trying(attempts, send, max_attempts, backoff_seconds))
 
 
-def _send_and_record(
-    row: Row,
-    attempts: type[OutboxAttempt],
-    send: Callable[[Row], Sent],
-    max_attempts: int,
-    backoff_seconds: float,
-) -> Attempt:
+class _Trying(NamedTuple):
+    """How a kind of row is tried: its attempts' model, its send, its limits."""
+
+    attempts: type[OutboxAttempt]
+    send: Callable[[Any], Sent]
+    max_attempts: int
+    backoff_seconds: float
+
+
+def _send_and_record(row: OutboxDelivery, trying: _Trying) -> Attempt:
     """Send the leased ``row`` once outside any transaction, then record the attempt and
     settle the row (or schedule its next try) in one transaction."""
+    attempts, send, max_attempts, backoff_seconds = trying
     rows, pk = type(row), row.pk
     number = row.attempts + 1
     started = timezone.now()
