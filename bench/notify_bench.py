@@ -345,7 +345,7 @@ def profile_drain(scene: Scene, requests: int) -> None:
         f"\nprofile: {len(timed)} requests dispatched in this process without Celery (fan-out "
         f"and {scene.members} e-mail(s) each): {plain * 1e3:.1f} ms a request without the "
         f"profiler; {queries_per_request / len(profiled):.1f} statements a request "
-        f"(BEGIN and COMMIT, two a transaction, not counted)"
+        f"(BEGIN and COMMIT included)"
     )
     pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 
