@@ -378,6 +378,9 @@ CELERY_TASK_ROUTES = {
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6, minimum=1)
 NOTIFY_RETRY_BACKOFF_SECONDS = env_float("NOTIFY_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 NOTIFY_SWEEP_GRACE_SECONDS = env_float("NOTIFY_SWEEP_GRACE_SECONDS", 10.0, minimum=0.0)
+# An event with at most this many deliveries due at once is sent by its fan-out task
+# itself (one task a request instead of one more a delivery); 0 publishes each.
+NOTIFY_INLINE_DELIVERIES = env_int("NOTIFY_INLINE_DELIVERIES", 5, minimum=0)
 EMAIL_BACKEND = _env("EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = _env("EMAIL_HOST") or "localhost"
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

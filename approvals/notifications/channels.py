@@ -14,6 +14,7 @@ from django.core.mail import EmailMultiAlternatives
 from django.template.loader import render_to_string
 
 from approvals.models import Channel, NotificationDelivery
+from approvals.notifications import mailer
 from approvals.notifications.content import headline
 from approvals.outbound import signing
 from approvals.outbound.client import outbound_client
@@ -54,7 +55,7 @@ def _email(delivery: NotificationDelivery) -> Sent:
     )
     mail.attach_alternative(render_to_string("notifications/email.html", context), "text/html")
     try:
-        mail.send()
+        mailer.send(mail)
     except (smtplib.SMTPException, OSError) as exc:
         return Sent(error=f"{type(exc).__name__}: {exc}"[:500])
     return Sent()

@@ -81,10 +81,17 @@ def requester_marks(requested_by: str, tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def message(event: NotificationEvent) -> dict[str, Any]:
-    """The facts every channel words in its own way, as JSON-ready values."""
-    occurrence = Occurrence.objects.select_related("tool", "tenant").get(pk=event.occurrence_id)
-    proposal = Proposal.objects.filter(occurrence=occurrence, is_current=True).first()
+def message(
+    event: NotificationEvent,
+    occurrence: Occurrence | None = None,
+    proposal: Proposal | None = None,
+) -> dict[str, Any]:
+    """The facts every channel words in its own way, as JSON-ready values. The fan-out
+    passes the occurrence (with its tool and tenant) and its current proposal it read with
+    the event; without them they are read here."""
+    if occurrence is None:
+        occurrence = Occurrence.objects.select_related("tool", "tenant").get(pk=event.occurrence_id)
+        proposal = Proposal.objects.filter(occurrence=occurrence, is_current=True).first()
     arguments = proposal.arguments if proposal is not None else {}
     contract = occurrence.tool
     hidden = set(contract.sensitive_arguments or [])

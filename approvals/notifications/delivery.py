@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -17,8 +18,9 @@ from approvals.models import (
     NotificationPreference,
 )
 from approvals.notifications.channels import DIGEST, send
+from approvals.notifications.fanout import fan_out_rows
 from approvals.notifications.preferences import quiet_until
-from approvals.outbound.outbox import Attempt, attempt_once, rows_due
+from approvals.outbound.outbox import Attempt, attempt_leased, attempt_once, rows_due
 
 # Held rows wait for their digest: never sent one by one.
 _NOT_HELD = Q(held=False)
@@ -36,6 +38,39 @@ def deliver(delivery_id: str) -> Attempt:
         related=("user", "group"),
         due=_NOT_HELD,
     )
+
+
+class Dispatched(NamedTuple):
+    """What ``event_dispatch`` did: the deliveries it attempted itself, with each attempt,
+    and those left for a task each (to publish)."""
+
+    sent: list[tuple[str, Attempt]]
+    publish: list[str]
+
+
+def event_dispatch(event_id: str) -> Dispatched:
+    """Fan one event out and, when at most ``NOTIFY_INLINE_DELIVERIES`` deliveries are due
+    now (a small audience: the common case), attempt them here rather than through a
+    ``deliver`` message each: written leased by the fan-out, each sent once and its attempt
+    recorded as any other (``attempt_leased``). A failure is retried as ever: the caller
+    publishes the retry with its backoff. A larger audience is left to a task each."""
+    fanned = fan_out_rows(event_id, lease_up_to=settings.NOTIFY_INLINE_DELIVERIES)
+    if not fanned.leased:
+        return Dispatched([], [str(row.pk) for row in fanned.due])
+    sent = [
+        (
+            str(row.pk),
+            attempt_leased(
+                row=row,
+                attempts=NotificationAttempt,
+                send=send,
+                max_attempts=settings.NOTIFY_MAX_ATTEMPTS,
+                backoff_seconds=settings.NOTIFY_RETRY_BACKOFF_SECONDS,
+            ),
+        )
+        for row in fanned.due
+    ]
+    return Dispatched(sent, [])
 
 
 def deliveries_due(limit: int = 500) -> list[str]:

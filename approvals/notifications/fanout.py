@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any, NamedTuple
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from approvals.access.tenancy import username_of
+from approvals.canonical.confusables import same_person
 from approvals.models import (
     Channel,
     NotificationDelivery,
     NotificationEvent,
     NotificationPreference,
     Occurrence,
+    Proposal,
     ReviewerGroup,
 )
 from approvals.notifications.content import message
@@ -23,41 +27,88 @@ from approvals.notifications.preferences import (
     preferences_of,
     quiet_until,
 )
-from approvals.routing.rules import routed, tenant_reviewer_ids
+from approvals.outbound.outbox import LEASE
+from approvals.routing.rules import audience
 
 Mode = NotificationPreference.Mode
 
 
+def _locked_event(event_id: uuid.UUID | str) -> NotificationEvent | None:
+    """The event, locked, if nobody fanned it out yet, with everything its message and its
+    audience are read from, in one query: the occurrence, its tool and tenant, the rule
+    version that routed it and that version's fallback group, and the current proposal's
+    canonical action, digest and version (``proposal_*``)."""
+    # No ordering: there is one current proposal, and the model's default ordering would
+    # join the occurrence and sort, three times over.
+    current = Proposal.objects.filter(
+        occurrence_id=OuterRef("occurrence_id"), is_current=True
+    ).order_by()
+    return (
+        NotificationEvent.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related(
+            "occurrence__tool", "occurrence__tenant", "occurrence__routed_by__fallback_group"
+        )
+        .annotate(
+            proposal_action=Subquery(current.values("canonical_action")[:1]),
+            proposal_digest=Subquery(current.values("action_digest")[:1]),
+            proposal_version=Subquery(current.values("version")[:1]),
+        )
+        .filter(pk=event_id, fanned_out_at__isnull=True)
+        .first()
+    )
+
+
+def _current_proposal(event: Any) -> Proposal | None:
+    if event.proposal_digest is None:
+        return None
+    return Proposal(
+        canonical_action=event.proposal_action,
+        action_digest=event.proposal_digest,
+        version=event.proposal_version,
+    )
+
+
 def _audience(
-    event: NotificationEvent, routed_by_id: int | None
-) -> tuple[list[int], list[ReviewerGroup]]:
-    """The reviewers told personally and the groups whose channels are told."""
-    route = routed(routed_by_id)
+    event: NotificationEvent, occurrence: Occurrence
+) -> tuple[list[Any], list[ReviewerGroup]]:
+    """The reviewers told personally (active users) and the groups whose channels are
+    told. The requester, when they name one of those reviewers as self-approval compares
+    them (``same_person``), is not told of their own request."""
+    version = occurrence.routed_by
     if event.kind == NotificationEvent.Kind.REQUESTED:
-        if route.version is None:
-            return tenant_reviewer_ids(event.tenant_id), []
-        groups = route.groups
+        if version is None:
+            users = audience(tenant_id=event.tenant_id, group_ids=None)
+            return _not_the_requester(users, occurrence), []
+        groups = list(version.groups.order_by("name"))
     elif event.kind == NotificationEvent.Kind.ESCALATED:
-        groups = [route.fallback] if route.fallback is not None else []
+        fallback = version.fallback_group if version is not None else None
+        groups = [fallback] if fallback is not None else []
     else:  # decided: the groups' channels hear the outcome, nobody is mailed
-        return [], route.groups
-    users = sorted({m for g in groups for m in g.members.values_list("pk", flat=True)})
-    return users, groups
+        return [], list(version.groups.order_by("name")) if version is not None else []
+    if not groups:
+        return [], []
+    users = audience(tenant_id=event.tenant_id, group_ids=[g.pk for g in groups])
+    return _not_the_requester(users, occurrence), groups
+
+
+def _not_the_requester(users: list[Any], occurrence: Occurrence) -> list[Any]:
+    if not occurrence.requested_by:
+        return users
+    return [
+        user
+        for user in users
+        if not same_person(occurrence.requested_by, username_of(user), user.email or "")
+    ]
 
 
 def _personal(
-    event: NotificationEvent, body: dict[str, object], user_ids: list[int], now: datetime
+    event: NotificationEvent, body: dict[str, object], users: list[Any], now: datetime
 ) -> list[NotificationDelivery]:
-    prefs = preferences_of(user_ids)
-    emails = dict(
-        get_user_model().objects.filter(pk__in=user_ids, is_active=True).values_list("pk", "email")
-    )
+    prefs = preferences_of([user.pk for user in users])
     rows = []
-    for user_id in user_ids:
-        if user_id not in emails:
-            continue  # deactivated
-        console = prefs.get((user_id, Channel.CONSOLE)) or default_preference(
-            user_id, Channel.CONSOLE
+    for user in users:
+        console = prefs.get((user.pk, Channel.CONSOLE)) or default_preference(
+            user.pk, Channel.CONSOLE
         )
         if console.mode != Mode.NONE:
             rows.append(
@@ -65,22 +116,22 @@ def _personal(
                     tenant_id=event.tenant_id,
                     event=event,
                     channel=Channel.CONSOLE,
-                    user_id=user_id,
+                    user=user,
                     body=body,
                     state=NotificationDelivery.State.DELIVERED,
                     next_attempt_at=now,
                     delivered_at=now,
                 )
             )
-        email = prefs.get((user_id, Channel.EMAIL)) or default_preference(user_id, Channel.EMAIL)
-        if email.mode == Mode.NONE or not emails[user_id]:
+        email = prefs.get((user.pk, Channel.EMAIL)) or default_preference(user.pk, Channel.EMAIL)
+        if email.mode == Mode.NONE or not user.email:
             continue
         rows.append(
             NotificationDelivery(
                 tenant_id=event.tenant_id,
                 event=event,
                 channel=Channel.EMAIL,
-                user_id=user_id,
+                user=user,
                 body=body,
                 held=email.mode == Mode.DIGEST,
                 # Quiet hours defer it: the sweep sends it once they are over.
@@ -114,32 +165,45 @@ def _group_rows(
     return rows
 
 
-def fan_out(event_id: uuid.UUID | str) -> list[str]:
+class Fanned(NamedTuple):
+    """What a fan-out wrote: the deliveries due now (not held for a digest, not deferred
+    by quiet hours), and whether they were written leased, for the caller to send."""
+
+    due: list[NotificationDelivery]
+    leased: bool
+
+
+def fan_out_rows(event_id: uuid.UUID | str, *, lease_up_to: int = 0) -> Fanned:
     """Turn one outbox event into its deliveries, once (a second call, or the sweep meeting
-    a task that is running, changes nothing). Returns the ids of the deliveries due now."""
+    a task that is running, changes nothing). When at most ``lease_up_to`` of them are due
+    now, they are written leased (``leased_until``) in the same transaction, so that the
+    caller sends them itself (``approvals.outbound.outbox.attempt_leased``) and nobody else
+    does until the lease runs out; otherwise they are written free, for their own tasks."""
     with transaction.atomic():
-        event = (
-            NotificationEvent.objects.select_for_update(skip_locked=True)
-            .filter(pk=event_id, fanned_out_at__isnull=True)
-            .first()
-        )
+        event = _locked_event(event_id)
         if event is None:
-            return []
+            return Fanned([], False)
         now = timezone.now()
-        routed_by_id = (
-            Occurrence.objects.filter(pk=event.occurrence_id)
-            .values_list("routed_by_id", flat=True)
-            .first()
-        )
-        users, groups = _audience(event, routed_by_id)
-        body = message(event)
+        occurrence = event.occurrence
+        users, groups = _audience(event, occurrence)
+        body = message(event, occurrence, _current_proposal(event))
         rows = _personal(event, body, users, now) + _group_rows(event, body, groups, now)
+        due = [
+            row
+            for row in rows
+            if row.state == NotificationDelivery.State.PENDING
+            and not row.held
+            and row.next_attempt_at <= now
+        ]
+        leased = 0 < len(due) <= lease_up_to
+        for row in due if leased else []:
+            row.leased_until = now + LEASE
         NotificationDelivery.objects.bulk_create(rows)
         NotificationEvent.objects.filter(pk=event.pk).update(fanned_out_at=now)
-    return [
-        str(row.pk)
-        for row in rows
-        if row.state == NotificationDelivery.State.PENDING
-        and not row.held
-        and row.next_attempt_at <= now
-    ]
+    return Fanned(due, leased)
+
+
+def fan_out(event_id: uuid.UUID | str) -> list[str]:
+    """Fan the event out (``fan_out_rows``), nothing leased: the ids of the deliveries due
+    now, each for a task of its own."""
+    return [str(row.pk) for row in fan_out_rows(event_id).due]

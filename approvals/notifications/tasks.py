@@ -7,12 +7,15 @@ import uuid
 
 import structlog
 from celery import shared_task
+from celery.signals import worker_process_shutdown
 
 from approvals import broker
+from approvals.notifications import mailer
 from approvals.notifications.delivery import (
     deliver,
     deliveries_due,
     digests_send,
+    event_dispatch,
     events_due,
 )
 from approvals.notifications.fanout import fan_out
@@ -22,12 +25,16 @@ log = structlog.get_logger("approvals.notifications")
 
 @shared_task(name="approvals.notifications.fan_out", ignore_result=True)
 def notification_fan_out(event_id: str) -> int:
-    """An outbox event into its deliveries, each then published."""
+    """An outbox event into its deliveries: a small audience's sent here, a larger one's
+    each published (``event_dispatch``); a failed send's retry published with its backoff."""
 
-    due = fan_out(event_id)
-    for delivery_id in due:
+    done = event_dispatch(event_id)
+    for delivery_id in done.publish:
         notification_enqueue(delivery_id)
-    return len(due)
+    for delivery_id, attempt in done.sent:
+        if attempt.retry_in is not None:
+            notification_enqueue(delivery_id, countdown=attempt.retry_in)
+    return len(done.publish) + len(done.sent)
 
 
 @shared_task(name="approvals.notifications.deliver", ignore_result=True)
@@ -85,3 +92,9 @@ def fan_out_enqueue(event_id: uuid.UUID | str) -> bool:
 
 def notification_enqueue(delivery_id: uuid.UUID | str, *, countdown: float | None = None) -> bool:
     return _publish(notification_deliver, str(delivery_id), countdown)
+
+
+@worker_process_shutdown.connect
+def _close_mail_connection(**_: object) -> None:
+    """The process's SMTP connection (``mailer``) says QUIT rather than vanish."""
+    mailer.close()

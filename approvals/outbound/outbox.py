@@ -76,6 +76,51 @@ def attempt_once(
     if not leased:
         return Attempt("skipped")
     row = rows._default_manager.select_related(*related).get(pk=pk)
+    return _send_and_record(row, _Trying(attempts, send, max_attempts, backoff_seconds))
+
+
+def attempt_leased(
+    *,
+    row: Row,
+    attempts: type[OutboxAttempt],
+    send: Callable[[Row], Sent],
+    max_attempts: int,
+    backoff_seconds: float,
+) -> Attempt:
+    """One attempt at a row its caller wrote already leased (``row.leased_until`` set in
+    the transaction that inserted it), so neither leased nor read again here: the row in
+    hand is the row as written. Should less than half the lease be left (a slow send before
+    this one), the lease is renewed first, on condition that it is still the one written;
+    a row whose lease ran out and was taken by the sweep is skipped."""
+    now = timezone.now()
+    if row.leased_until is None or now >= row.leased_until - LEASE / 2:
+        renewed = (
+            type(row)
+            ._default_manager.filter(
+                pk=row.pk, state=OutboxDelivery.State.PENDING, leased_until=row.leased_until
+            )
+            .update(leased_until=now + LEASE)
+        )
+        if not renewed:
+            return Attempt("skipped")
+        row.leased_until = now + LEASE
+    return _send_and_record(row, _Trying(attempts, send, max_attempts, backoff_seconds))
+
+
+class _Trying(NamedTuple):
+    """How a kind of row is tried: its attempts' model, its send, its limits."""
+
+    attempts: type[OutboxAttempt]
+    send: Callable[[Any], Sent]
+    max_attempts: int
+    backoff_seconds: float
+
+
+def _send_and_record(row: OutboxDelivery, trying: _Trying) -> Attempt:
+    """Send the leased ``row`` once outside any transaction, then record the attempt and
+    settle the row (or schedule its next try) in one transaction."""
+    attempts, send, max_attempts, backoff_seconds = trying
+    rows, pk = type(row), row.pk
     number = row.attempts + 1
     started = timezone.now()
     sent = send(row)
@@ -106,6 +151,7 @@ def attempt_once(
             next_attempt_at=finished if final else finished + wait,
             last_error=sent.error,
         )
+    row.attempts, row.state, row.leased_until = number, state, None
     outcome = "delivered" if delivered else ("failed" if final else "retry")
     log.info(
         "outbox.attempt",

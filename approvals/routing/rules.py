@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Case, F, IntegerField, Q, Subquery, Value, When
 
-from approvals.models import (
-    Membership,
-    ReviewerGroup,
-    RoutingRuleVersion,
-    ToolContract,
-)
+from approvals.models import Membership, ReviewerGroup, RoutingRuleVersion, ToolContract
 
 
 def request_money(contract: ToolContract, arguments: Any) -> tuple[int, str] | None:
@@ -55,27 +50,17 @@ def routing_version(*, tenant_id: int, contract: ToolContract, arguments: Any) -
     return Subquery(versions.values("pk")[:1])
 
 
-@dataclass(frozen=True)
-class Routed:
-    """Who a request is routed to: its rule version (None: no rule matched), the groups
-    asked, and the fallback group (told on escalation)."""
-
-    version: RoutingRuleVersion | None
-    groups: list[ReviewerGroup]
-    fallback: ReviewerGroup | None
-
-
-def routed(version_id: int | None) -> Routed:
-    if version_id is None:
-        return Routed(None, [], None)
-    version = RoutingRuleVersion.objects.select_related("rule", "fallback_group").get(pk=version_id)
-    return Routed(version, list(version.groups.order_by("name")), version.fallback_group)
-
-
-def tenant_reviewer_ids(tenant_id: int) -> list[int]:
-    """Everyone who reviews in the tenant: told of a request no rule routed."""
-    return list(
-        Membership.objects.filter(tenant_id=tenant_id, role=Membership.Role.REVIEWER)
-        .values_list("user_id", flat=True)
-        .distinct()
-    )
+def audience(*, tenant_id: int, group_ids: list[int] | None) -> list[Any]:
+    """The active users told of a request personally, in one query: the members of
+    ``group_ids`` (the groups a rule routed it to), or, when no rule routed it (None),
+    everyone who reviews in the tenant."""
+    users = get_user_model().objects.filter(is_active=True)
+    if group_ids is None:
+        users = users.filter(
+            memberships__tenant_id=tenant_id, memberships__role=Membership.Role.REVIEWER
+        )
+    else:
+        # A subquery rather than a join, so that a member of two groups needs no DISTINCT.
+        members = ReviewerGroup.members.through.objects.filter(reviewergroup_id__in=group_ids)
+        return list(users.filter(pk__in=members.values("user_id")).order_by("pk"))
+    return list(users.distinct().order_by("pk"))

@@ -28,11 +28,29 @@ class Mailbox:
     host: str = "127.0.0.1"
     port: int = 0
     messages: list[EmailMessage] = field(default_factory=list)
+    # The client's address of each message's connection: one per connection opened.
+    peers: list[tuple[str, int]] = field(default_factory=list)
+    controller: Controller | None = None
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         self.messages.append(parsed)  # type: ignore[arg-type]
+        self.peers.append(session.peer)
         return "250 OK"
+
+    def start(self) -> None:
+        self.controller = Controller(self, hostname=self.host, port=self.port)
+        self.controller.start()
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
+
+    def restart(self) -> None:
+        """Stop the server (its open connections dropped) and start it on the same port."""
+        self.stop()
+        self.start()
 
     def to(self, address: str) -> list[EmailMessage]:
         return [m for m in self.messages if address in str(m["To"])]
@@ -61,8 +79,7 @@ def smtp(settings: Any) -> Iterator[Mailbox]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         box.port = probe.getsockname()[1]
-    controller = Controller(box, hostname="127.0.0.1", port=box.port)
-    controller.start()
+    box.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = box.host, box.port
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
@@ -70,4 +87,4 @@ def smtp(settings: Any) -> Iterator[Mailbox]:
     try:
         yield box
     finally:
-        controller.stop()
+        box.stop()

@@ -24,7 +24,10 @@ smtp = smtp_fixture.smtp
 __all__ = ["loopback_allowed", "receiver", "routed"]
 
 CYRILLIC_I = "r\u0456ta"  # rita with a Cyrillic i
-HIDDEN = "rita\u200b"  # rita and a zero-width space
+# The e-mails are read in rita's mailbox (support), so the requesters imitate ravi (another
+# member): a request in rita's own name, or one that reads as hers, is not sent to her.
+LOOK_RAVI = "rav\u0456"  # ravi with a Cyrillic i
+HIDDEN_RAVI = "ravi\u200b"
 
 
 def propose(runtime: Runtime, amount: int, ref: str, requested_by: str) -> str:
@@ -53,29 +56,29 @@ def mails_by_requester(runtime: Runtime, smtp: Mailbox, *requesters: str) -> dic
 def test_a_requester_that_looks_like_a_console_user_is_marked_in_both_parts(
     runtime: Runtime, routed: Setup, smtp: Mailbox
 ) -> None:
-    mails = mails_by_requester(runtime, smtp, CYRILLIC_I, HIDDEN, "rita")
+    mails = mails_by_requester(runtime, smtp, LOOK_RAVI, HIDDEN_RAVI, "ravi")
 
-    text, html = mails[CYRILLIC_I]
+    text, html = mails[LOOK_RAVI]
     assert (
-        f'⚠ Look-alike requester: "{CYRILLIC_I}" looks like the console user rita but is '
+        f'⚠ Look-alike requester: "{LOOK_RAVI}" looks like the console user ravi but is '
         "written differently: mixes scripts in one word: Latin + Cyrillic; U+0456 CYRILLIC "
         "SMALL LETTER BYELORUSSIAN-UKRAINIAN I looks like 'i'." in text
     )
     assert (
-        "Look-alike requester:</strong> <mark>r\u0456ta</mark> looks like the console user rita"
+        "Look-alike requester:</strong> <mark>rav\u0456</mark> looks like the console user ravi"
         in html
     )
     assert "U+0456" in html
 
     # An invisible character is shown, not hidden, and counted.
-    text, html = mails[HIDDEN]
-    assert "issue_refund requested by rita\\u200b" in text
-    assert '⚠ Look-alike requester: "rita\\u200b" looks like the console user rita' in text
+    text, html = mails[HIDDEN_RAVI]
+    assert "issue_refund requested by ravi\\u200b" in text
+    assert '⚠ Look-alike requester: "ravi\\u200b" looks like the console user ravi' in text
     assert "1 invisible character" in text
-    assert "<mark>rita\\u200b</mark>" in html and "\u200b" not in text + html
+    assert "<mark>ravi\\u200b</mark>" in html and "\u200b" not in text + html
 
     # The member's own name: nothing to mark.
-    text, html = mails["rita"]
+    text, html = mails["ravi"]
     assert "Look-alike" not in text + html and "Requester " not in text
     assert "requester-note" not in html
 
@@ -99,11 +102,11 @@ def test_an_ascii_confusable_of_a_member_is_marked_too(
 def test_a_member_named_in_another_case_or_by_address_is_named_and_not_flagged(
     runtime: Runtime, routed: Setup, smtp: Mailbox
 ) -> None:
-    mails = mails_by_requester(runtime, smtp, "Rita", "rita@acme.test")
-    for name in ("Rita", "rita@acme.test"):
+    mails = mails_by_requester(runtime, smtp, "Ravi", "ravi@acme.test")
+    for name in ("Ravi", "ravi@acme.test"):
         text, html = mails[name]
-        assert f'Requester "{name}": member rita.' in text
-        assert "Look-alike" not in text + html and "member rita" in html
+        assert f'Requester "{name}": member ravi.' in text
+        assert "Look-alike" not in text + html and "member ravi" in html
 
 
 def test_a_name_no_member_has_is_unverified_and_escaped_in_html(
