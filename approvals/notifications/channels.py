@@ -69,7 +69,14 @@ def slack_text(body: dict[str, Any]) -> str:
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
     lines = [f"*{esc(headline(body))}*"]
-    lines.append(f"Requested by {esc(body.get('requested_by') or 'the agent')}")
+    requester = body.get("requester") or {}  # absent from bodies written before the marks
+    lines.append(
+        f"Requested by {esc(requester.get('shown') or body.get('requested_by') or 'the agent')}"
+    )
+    if requester.get("look_alike"):
+        lines.append(f":warning: *Look-alike requester:* {esc(requester.get('note', ''))}")
+    elif requester.get("note"):
+        lines.append(f"_Requester: {esc(requester['note'])}_")
     if body.get("amount"):
         lines.append(f"Amount: {esc(body['amount'])}")
     lines.append(f"Digest: `{body.get('digest_prefix', '')}`")

@@ -14,8 +14,15 @@ from approvals.models import Membership, NotificationEvent, Tenant
 from approvals.notifications.content import message
 from tests.approvals import smtp_fixture
 from tests.approvals.smtp_fixture import Mailbox, parts
-from tests.approvals.test_callbacks import receiver
-from tests.approvals.test_notifications import Setup, drain, loopback_allowed, refund, routed
+from tests.approvals.test_callbacks import Receiver, receiver
+from tests.approvals.test_notifications import (
+    Setup,
+    drain,
+    loopback_allowed,
+    refund,
+    routed,
+    slack_messages,
+)
 from tests.conftest import Runtime, make_user
 
 pytestmark = pytest.mark.django_db
@@ -149,3 +156,21 @@ def test_another_tenants_member_is_not_a_member_here(
     make_user("gina", other_tenant, Membership.Role.ADMIN)
     text, _ = mails_by_requester(runtime, smtp, "g\u0456na")["g\u0456na"]
     assert "unverified: no member of Acme" in text and "Look-alike" not in text
+
+
+def test_slack_marks_the_requester_as_the_e_mails_do(
+    runtime: Runtime, routed: Setup, smtp: Mailbox, receiver: Receiver
+) -> None:
+    # EUR 900.00 goes to finance-leads, whose Slack webhook is the local receiver.
+    propose(runtime, 90000, "big-look-alike", requested_by=CYRILLIC_I)
+    propose(runtime, 90001, "big-stranger", requested_by="<!channel> alice")
+    assert sorted(drain()) == ["delivered"] * 6  # two e-mails, Slack and webhook each
+
+    look_alike, stranger = sorted(slack_messages(receiver), key=lambda text: "alice" in text)
+    assert f"Requested by {CYRILLIC_I}\n:warning: *Look-alike requester:* looks like the " in (
+        look_alike
+    )
+    assert "console user rita but is written differently" in look_alike
+    # Escaped for Slack's mrkdwn: the agent's words cannot ping the channel.
+    assert "Requested by &lt;!channel&gt; alice\n_Requester: unverified: no member" in stranger
+    assert "<!channel>" not in stranger
