@@ -39,6 +39,7 @@ from reconciliation.adapters.base import (
 )
 from reconciliation.faults import crash_point
 from reconciliation.models import AdapterInvocation, Interruption
+from reconciliation.results import describe, detail_of, outcome_of
 
 log = structlog.get_logger("reconciliation")
 
@@ -369,17 +370,11 @@ def _settle(
 def _finish(invocation: AdapterInvocation, result: Any) -> bool:
     """Close the invocation with what the call returned, unless another delivery closed it
     meanwhile (gave it up as abandoned): whether this one did."""
-    if isinstance(result, Rejected):
-        detail = result.reason
-    elif isinstance(result, Unknown):
-        detail = result.why
-    else:
-        detail = result.detail
     closed = AdapterInvocation.objects.filter(pk=invocation.pk, finished_at__isnull=True).update(
         finished_at=DbNow(),
         outcome=outcome_of(result),
         receipt=getattr(result, "receipt", "")[:200],
-        detail=detail,
+        detail=detail_of(result),
     )
     return closed == 1
 
@@ -564,30 +559,6 @@ def _late(command: Command, invocation: AdapterInvocation, result: Any) -> None:
         reason_code=outcome_of(result),
         data={"invocation": invocation.number, "result": describe(result)},
     )
-
-
-def outcome_of(result: Any) -> str:
-    """The invocation outcome an adapter's typed result records."""
-    return {
-        Committed: AdapterInvocation.Outcome.COMMITTED,
-        Rejected: AdapterInvocation.Outcome.REJECTED,
-        Unknown: AdapterInvocation.Outcome.OUTCOME_UNKNOWN,
-        Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
-        NotFound: AdapterInvocation.Outcome.NOT_FOUND,
-    }[type(result)].value
-
-
-def describe(result: Any) -> str:
-    """An adapter's typed result in words, for a late answer's detail."""
-    if isinstance(result, Committed):
-        return f"committed, receipt {result.receipt}"
-    if isinstance(result, Rejected):
-        return f"rejected: {result.reason}"
-    if isinstance(result, Interrupted):
-        return f"interrupted: {result.detail}"
-    if isinstance(result, NotFound):
-        return "no effect found"
-    return f"unknown: {result.why}"
 
 
 def perform(plan: Plan) -> Any:
