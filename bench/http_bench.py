@@ -93,6 +93,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, connections, transaction
+from django.db.models import Max, Min
 from django.utils import timezone
 
 from approvals.access.runtime_keys import runtime_key_create
@@ -367,10 +368,16 @@ class WorkerTier:
     with its commands and the server's environment, and the stub payments API the worker
     delivers to. ``env_for_server`` is what gunicorn needs to know of it."""
 
-    def __init__(self, workdir: Path, concurrency: int | None) -> None:
+    def __init__(
+        self, workdir: Path, concurrency: int | None, callback_concurrency: int | None
+    ) -> None:
         self.workdir = workdir
         self.payments_port = free_port()
         self.concurrency = concurrency or os.cpu_count() or 2
+        self.callback_concurrency = callback_concurrency or 2
+        # Queues of this run's own, on whatever Redis the broker is: its worker never takes
+        # another's messages (a test suite's, another bench's), nor they its.
+        self.queue = f"http-bench-{os.getpid()}-{secrets.token_hex(4)}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def env_for_server(self) -> dict[str, str]:
@@ -378,6 +385,9 @@ class WorkerTier:
             "PAYMENTS_URL": f"http://127.0.0.1:{self.payments_port}",
             "PAYMENTS_API_KEY": PAYMENTS_KEY,
             "CELERY_CONCURRENCY": str(self.concurrency),
+            "CALLBACK_CONCURRENCY": str(self.callback_concurrency),
+            "CELERY_QUEUE": self.queue,
+            "CALLBACKS_QUEUE": f"{self.queue}-callbacks",
         }
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
@@ -398,7 +408,7 @@ class WorkerTier:
         self._start(
             "worker",
             [
-                *(celery, "-A", "config", "worker", "--pool", "prefork", "-Q", "celery"),
+                *(celery, "-A", "config", "worker", "--pool", "prefork", "-Q", env["CELERY_QUEUE"]),
                 *("--concurrency", str(self.concurrency), "--loglevel", "WARNING"),
                 *("--hostname", f"http-bench-{os.getpid()}@%h"),
             ],
@@ -407,8 +417,9 @@ class WorkerTier:
         self._start(
             "callbacks-worker",
             [
-                *(celery, "-A", "config", "worker", "--pool", "prefork", "-Q", "callbacks"),
-                *("--concurrency", env.get("CALLBACK_CONCURRENCY", "2"), "--loglevel", "WARNING"),
+                *(celery, "-A", "config", "worker", "--pool", "prefork"),
+                *("-Q", env["CALLBACKS_QUEUE"], "--concurrency", env["CALLBACK_CONCURRENCY"]),
+                *("--loglevel", "WARNING"),
                 *("--hostname", f"http-bench-callbacks-{os.getpid()}@%h"),
             ],
             env,
@@ -446,6 +457,21 @@ class WorkerTier:
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        self._forget_queues()
+
+    def _forget_queues(self) -> None:
+        """Remove what is left of this run's queues from a Redis broker (a retry's delayed
+        message, a sweep beat sent late): keys that name them, which only this run's do."""
+        url = broker_url()
+        if not url.startswith(("redis://", "rediss://")):
+            return
+        import redis
+
+        client = redis.Redis.from_url(url)
+        with suppress(redis.RedisError):
+            for key in client.scan_iter(match=f"*{self.queue}*", count=1000):
+                client.delete(key)
+        client.close()
 
 
 # --- the client: keep-alive connections sending prebuilt requests -------------------------
@@ -750,6 +776,11 @@ def run_pgbench(world: World, transactions: int, workdir: Path) -> tuple[Measure
 class Run:
     measured: list[Measured] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # When the claim arm's requests (warm-up and tail included) began and ended, and the
+    # host's load average (1 minute) as it ended: what the worker is measured against.
+    claims_from: Any = None
+    claims_to: Any = None
+    load: float = 0.0
 
     def expect(self, m: Measured, status: int) -> None:
         if (set(m.statuses) | set(m.untimed)) - {status}:
@@ -915,7 +946,9 @@ def run_arms(
 
     # Each token once, by the execution it was picked up for.
     claims = [claim(t, e) for t, e in zip(tokens, executions, strict=True)]
+    run.claims_from = timezone.now()
     measured_claim = run_http(server, "claim", claims, warmup=warm, tail=warm, keep=True)
+    run.claims_to, run.load = timezone.now(), os.getloadavg()[0]
     run.expect(measured_claim, 200)
     if any(b.get("decision") != "approved" for b in _bodies(measured_claim)):
         run.problems.append("claim: a fresh token's claim was not approved")
@@ -1043,6 +1076,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --with-worker: CELERY_CONCURRENCY (default: the cores)",
     )
     parser.add_argument(
+        "--callback-concurrency",
+        type=int,
+        help="with --with-worker: CALLBACK_CONCURRENCY (default: 2, as bin/serve's)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="profile the claim requests in one worker (cProfile) instead of measuring",
@@ -1078,7 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
                 world, workdir, n, warm, args.form_approvals, args.profile_out, args.profile_path
             )
         if args.with_worker:
-            tier = WorkerTier(workdir, args.celery_concurrency)
+            tier = WorkerTier(workdir, args.celery_concurrency, args.callback_concurrency)
             extra.update(tier.env_for_server())
         server = Server(workdir, **extra)
         connections.close_all()
@@ -1100,8 +1138,10 @@ def main(argv: list[str] | None = None) -> int:
         if tier:
             print(
                 f"with the worker tier on the same host (bin/serve): worker "
-                f"CELERY_CONCURRENCY={tier.concurrency}, callbacks worker, beat; the claims' "
-                f"refunds delivered to a stub payments API that answers at once"
+                f"CELERY_CONCURRENCY={tier.concurrency}, callbacks worker "
+                f"CALLBACK_CONCURRENCY={tier.callback_concurrency}, beat, on queues of their "
+                f"own ({tier.queue}); the claims' refunds delivered to a stub payments API "
+                "that answers at once"
             )
         delivered = ""
         try:
@@ -1113,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
                 ).update(executed_by=Command.ExecutedBy.RUNTIME)
             run, note = run_arms(world, server, n, warm, args.form_approvals, not args.no_replay)
             if tier:
-                delivered = _deliveries(world)
+                delivered = _deliveries(world, run)
         finally:
             server.stop()
             if tier:
@@ -1149,9 +1189,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if run.problems else 0
 
 
-def _deliveries(world: World, wait: float = 60.0) -> str:
-    """How the worker left the claims' commands: their states once none is pending or
-    sending, or after ``wait`` seconds."""
+def _deliveries(world: World, run: Run, wait: float = 60.0) -> str:
+    """How the worker kept up with the claims: the commands it committed while they came
+    (per second, against the claims' rate over the same time), then the states it left
+    them in once none is pending or sending, or after ``wait`` seconds, and its rate from
+    the first claim to the last commit."""
     commands = Command.objects.filter(
         tenant=world.tenant, executed_by=Command.ExecutedBy.CONSOLE
     ).exclude(execution_id__startswith="pgbench-")
@@ -1160,8 +1202,23 @@ def _deliveries(world: World, wait: float = 60.0) -> str:
     while time.monotonic() < deadline and commands.filter(state__in=busy).exists():
         time.sleep(1)
     states = Counter(commands.values_list("state", flat=True))
-    return "the claims' commands after the run: " + ", ".join(
-        f"{state} {count}" for state, count in sorted(states.items())
+    window = (run.claims_to - run.claims_from).total_seconds()
+    claimed = commands.filter(created_at__range=(run.claims_from, run.claims_to)).count()
+    committed = commands.filter(state=Command.State.COMMITTED)
+    during = committed.filter(updated_at__range=(run.claims_from, run.claims_to)).count()
+    span = committed.aggregate(first=Min("created_at"), last=Max("updated_at"))
+    drain = ""
+    if span["last"] is not None:
+        seconds = (span["last"] - span["first"]).total_seconds()
+        drain = (
+            f"; all {committed.count()} committed {seconds:.0f} s after the first claim: "
+            f"{committed.count() / seconds:.1f}/s"
+        )
+    return (
+        f"the worker while the claims came ({window:.1f} s, load average {run.load:.1f}): "
+        f"{during / window:.1f} commands committed/s against {claimed / window:.1f} "
+        f"claims/s{drain}\nthe claims' commands after the run: "
+        + ", ".join(f"{state} {count}" for state, count in sorted(states.items()))
     )
 
 

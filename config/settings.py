@@ -366,7 +366,10 @@ CALLBACK_ALLOW_PRIVATE_HOSTS = env_bool("CALLBACK_ALLOW_PRIVATE_HOSTS", DEBUG)
 # Callback deliveries run on a queue of their own, so that a slow receiver never delays a
 # command's execution (the default queue, "celery"). Every deployment runs a worker that
 # consumes it: bin/serve starts one (CALLBACK_CONCURRENCY processes) beside the main worker.
-CALLBACKS_QUEUE = "callbacks"
+# CELERY_QUEUE and CALLBACKS_QUEUE rename both queues, for consoles that share one broker
+# (bin/serve's workers consume the names set; bench/http_bench.py --with-worker uses its own).
+CELERY_TASK_DEFAULT_QUEUE = _env("CELERY_QUEUE") or "celery"
+CALLBACKS_QUEUE = _env("CALLBACKS_QUEUE") or "callbacks"
 CELERY_TASK_ROUTES = {
     "approvals.tasks.callback_deliver": {"queue": CALLBACKS_QUEUE},
     "approvals.tasks.callbacks_sweep": {"queue": CALLBACKS_QUEUE},
@@ -441,6 +444,11 @@ ADAPTER_READ_TIMEOUT = env_float("ADAPTER_READ_TIMEOUT", 10.0, minimum=0.1)
 # much of an answer: a slow or huge receiver holds a worker for a bounded time and memory.
 OUTBOUND_DEADLINE_SECONDS = env_float("OUTBOUND_DEADLINE_SECONDS", 30.0, minimum=0.1)
 OUTBOUND_MAX_RESPONSE_BYTES = env_int("OUTBOUND_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
+# The adapters' calls share one client per worker process, which reuses a connection to the
+# remote only within this many seconds of its last answer (0: a new connection every call).
+# Keep it below the remote's own keep-alive timeout (nginx 75 s, gunicorn 2 s): a connection
+# the remote closes as a call goes out makes that call's outcome unknown.
+ADAPTER_KEEPALIVE_SECONDS = env_float("ADAPTER_KEEPALIVE_SECONDS", 1.0, minimum=0.0)
 # Still sending this long after its last call started: no call can still be in flight (the
 # deadline above ends it; the margin lets a live worker record the answer), so its worker
 # died, and the outbox sweep delivers it again, whose own rules decide what runs (a query,

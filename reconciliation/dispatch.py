@@ -17,15 +17,15 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max, Q
 
 from approvals import metrics
-from approvals.audit.record import audit_record, db_now
+from approvals.audit.record import DbNow, audit_record, db_now
 from approvals.models import Command, Epoch, ToolContract
 from approvals.vocabulary import AuditKind, EventDecision, EventReason
 from reconciliation import adapters
@@ -39,6 +39,7 @@ from reconciliation.adapters.base import (
 )
 from reconciliation.faults import crash_point
 from reconciliation.models import AdapterInvocation, Interruption
+from reconciliation.results import describe, detail_of, outcome_of
 
 log = structlog.get_logger("reconciliation")
 
@@ -69,13 +70,41 @@ class Why(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Plan:
-    """What the current phase decided: an invocation to perform, or nothing."""
+    """What the current phase decided: an invocation to perform, or nothing. With an
+    invocation, the call as read under the command's lock and the adapter's name, so that
+    the call itself reads nothing of the command again."""
 
     command_id: uuid.UUID
     invocation: AdapterInvocation | None = None
     # Seconds until this command should be delivered again (a momentary refusal).
     retry_in: float | None = None
     note: str = ""
+    call: Call | None = None
+    adapter: str = ""
+
+
+def _plan(command: Command, invocation: AdapterInvocation) -> Plan:
+    return Plan(
+        command.pk, invocation, call=call_of(command), adapter=command.occurrence.tool.adapter
+    )
+
+
+@dataclass(frozen=True)
+class History:
+    """What a delivery needs to know of the command's earlier invocations, read at once."""
+
+    last: int  # the newest invocation's number (0: none yet)
+    attempts: int  # calls made under the current epoch
+    open: int  # invocations never finished (a worker died in the call)
+
+
+def _history(command: Command, epoch: Epoch) -> History:
+    found = command.invocations.aggregate(
+        last=Max("number"),
+        attempts=Count("pk", filter=Q(epoch=epoch, kind=AdapterInvocation.Kind.EXECUTE)),
+        open=Count("pk", filter=Q(finished_at__isnull=True)),
+    )
+    return History(found["last"] or 0, found["attempts"], found["open"])
 
 
 def call_of(command: Command) -> Call:
@@ -122,34 +151,58 @@ def _audit(command: Command, kind: AuditKind, *, message_id: str = "", **fields:
 
 
 def invocation_open(
-    command: Command, *, kind: str, justification: str, message_id: str = ""
+    command: Command,
+    *,
+    kind: str,
+    justification: str,
+    message_id: str = "",
+    epoch: Epoch | None = None,
+    last: int | None = None,
+    now: datetime | None = None,
 ) -> AdapterInvocation:
     """The command's next invocation row, under the current epoch; call it under the
-    command's row lock, in the transaction that commits before the call is made."""
-    last = command.invocations.aggregate(n=Max("number"))["n"] or 0
+    command's row lock, in the transaction that commits before the call is made. A caller
+    that read the epoch, the last number or the clock already passes them."""
+    if last is None:
+        last = command.invocations.aggregate(n=Max("number"))["n"] or 0
     return AdapterInvocation.objects.create(
         command=command,
-        epoch=current_epoch(command),
+        epoch=epoch or current_epoch(command),
         number=last + 1,
         kind=kind,
         justification=justification,
         message_id=message_id,
-        started_at=db_now(),
+        started_at=now or db_now(),
     )
 
 
 def _start(
-    command: Command, *, kind: str, why: str, message_id: str, expect: str
+    command: Command,
+    epoch: Epoch,
+    history: History,
+    *,
+    kind: str,
+    why: str,
+    message_id: str,
+    expect: str,
 ) -> AdapterInvocation:
     """Commit the invocation row (and the effect ``sending``) before anything is called."""
-    epoch = current_epoch(command)
     now = db_now()
-    # A row left unfinished by a worker that died is closed as abandoned: it happened,
-    # and its outcome is whatever the evidence later says, not nothing.
-    command.invocations.filter(finished_at__isnull=True).update(
-        finished_at=now, outcome=AdapterInvocation.Outcome.ABANDONED, detail=_ABANDONED
+    if history.open:
+        # A row left unfinished by a worker that died is closed as abandoned: it happened,
+        # and its outcome is whatever the evidence later says, not nothing.
+        command.invocations.filter(finished_at__isnull=True).update(
+            finished_at=now, outcome=AdapterInvocation.Outcome.ABANDONED, detail=_ABANDONED
+        )
+    invocation = invocation_open(
+        command,
+        kind=kind,
+        justification=why,
+        message_id=message_id,
+        epoch=epoch,
+        last=history.last,
+        now=now,
     )
-    invocation = invocation_open(command, kind=kind, justification=why, message_id=message_id)
     metrics.dispatch_started(command, invocation.number, now)
     if expect != Command.State.SENDING:
         moved = Command.objects.filter(pk=command.pk, state=expect).update(
@@ -168,10 +221,6 @@ def _start(
     return invocation
 
 
-def _attempts(command: Command, epoch: Epoch) -> int:
-    return command.invocations.filter(epoch=epoch, kind=AdapterInvocation.Kind.EXECUTE).count()
-
-
 def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
     """Phase 1: decide what this delivery does, and commit that decision."""
     with transaction.atomic():
@@ -183,21 +232,33 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
         pk = command.pk
         if command.executed_by != Command.ExecutedBy.CONSOLE:
             return Plan(pk, note="executed by the runtime")
+        if command.state not in (Command.State.PENDING, Command.State.SENDING):
+            # Past sending: this is a redelivery of a message whose work is done.
+            _audit(
+                command,
+                AuditKind.DISPATCH_REDELIVERED,
+                message_id=message_id,
+                decision=EventDecision.IGNORED,
+                reason_code=EventReason.already(command.state),
+                data={"state": command.state},
+            )
+            return Plan(pk, note=f"redelivery: already {command.state}")
 
+        epoch = current_epoch(command)
+        history = _history(command, epoch)
         if command.state == Command.State.PENDING:
-            epoch = current_epoch(command)
-            attempts = _attempts(command, epoch)
-            if attempts >= contract.max_attempts:
+            if history.attempts >= contract.max_attempts:
                 # A sweep found a pending command whose retries are spent.
                 _settle(
                     command,
+                    epoch,
                     None,
                     Command.State.REJECTED,
                     message_id=message_id,
-                    data={"why": f"{attempts} calls were refused before execution"},
+                    data={"why": f"{history.attempts} calls were refused before execution"},
                 )
                 return Plan(pk, note="attempts exhausted")
-            if attempts:
+            if history.attempts:
                 why = Why.REFUSED_BEFORE_EXECUTION
             elif epoch.number > 1:
                 why = Why.EPOCH_ADMITTED
@@ -205,80 +266,76 @@ def begin(*, command_id: uuid.UUID | str, message_id: str = "") -> Plan:
                 why = Why.FIRST_DELIVERY
             invocation = _start(
                 command,
+                epoch,
+                history,
                 kind=AdapterInvocation.Kind.EXECUTE,
                 why=why,
                 message_id=message_id,
                 expect=Command.State.PENDING,
             )
-            return Plan(pk, invocation)
+            return _plan(command, invocation)
 
-        if command.state == Command.State.SENDING:
-            # The previous delivery's worker died, or is still in the call: either way a
-            # call may be in flight, and only the contract can justify another.
-            safety = contract.replay_safety
-            if safety == ToolContract.ReplaySafety.EFFECT_QUERYABLE:
-                invocation = _start(
-                    command,
-                    kind=AdapterInvocation.Kind.QUERY,
-                    why=Why.EFFECT_QUERYABLE,
-                    message_id=message_id,
-                    expect=Command.State.SENDING,
-                )
-                return Plan(pk, invocation)
-            attempts_left = _attempts(command, current_epoch(command)) < contract.max_attempts
-            if (
-                safety
-                in (
-                    ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY,
-                    ToolContract.ReplaySafety.READ_ONLY,
-                )
-                and attempts_left
-            ):
-                why = (
-                    Why.IDEMPOTENT_WITH_KEY
-                    if safety == ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY
-                    else Why.READ_ONLY
-                )
-                invocation = _start(
-                    command,
-                    kind=AdapterInvocation.Kind.EXECUTE,
-                    why=why,
-                    message_id=message_id,
-                    expect=Command.State.SENDING,
-                )
-                return Plan(pk, invocation)
-            command.invocations.filter(finished_at__isnull=True).update(
-                finished_at=db_now(),
-                outcome=AdapterInvocation.Outcome.ABANDONED,
-                detail=_ABANDONED,
-            )
-            _settle(
+        # Sending: the previous delivery's worker died, or is still in the call: either
+        # way a call may be in flight, and only the contract can justify another.
+        safety = contract.replay_safety
+        if safety == ToolContract.ReplaySafety.EFFECT_QUERYABLE:
+            invocation = _start(
                 command,
-                None,
-                Command.State.OUTCOME_UNKNOWN,
+                epoch,
+                history,
+                kind=AdapterInvocation.Kind.QUERY,
+                why=Why.EFFECT_QUERYABLE,
                 message_id=message_id,
-                data={
-                    "why": "a delivery found the command sending: the call may have reached "
-                    f"the remote, and the contract ({safety}) allows no second call. "
-                    "An operator must reconcile it."
-                },
+                expect=Command.State.SENDING,
             )
-            return Plan(pk, note="stopped: outcome unknown")
-
-        # Past sending: this is a redelivery of a message whose work is done.
-        _audit(
-            command,
-            AuditKind.DISPATCH_REDELIVERED,
-            message_id=message_id,
-            decision=EventDecision.IGNORED,
-            reason_code=EventReason.already(command.state),
-            data={"state": command.state},
+            return _plan(command, invocation)
+        attempts_left = history.attempts < contract.max_attempts
+        if (
+            safety
+            in (
+                ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY,
+                ToolContract.ReplaySafety.READ_ONLY,
+            )
+            and attempts_left
+        ):
+            why = (
+                Why.IDEMPOTENT_WITH_KEY
+                if safety == ToolContract.ReplaySafety.IDEMPOTENT_WITH_KEY
+                else Why.READ_ONLY
+            )
+            invocation = _start(
+                command,
+                epoch,
+                history,
+                kind=AdapterInvocation.Kind.EXECUTE,
+                why=why,
+                message_id=message_id,
+                expect=Command.State.SENDING,
+            )
+            return _plan(command, invocation)
+        command.invocations.filter(finished_at__isnull=True).update(
+            finished_at=DbNow(),
+            outcome=AdapterInvocation.Outcome.ABANDONED,
+            detail=_ABANDONED,
         )
-        return Plan(pk, note=f"redelivery: already {command.state}")
+        _settle(
+            command,
+            epoch,
+            None,
+            Command.State.OUTCOME_UNKNOWN,
+            message_id=message_id,
+            data={
+                "why": "a delivery found the command sending: the call may have reached "
+                f"the remote, and the contract ({safety}) allows no second call. "
+                "An operator must reconcile it."
+            },
+        )
+        return Plan(pk, note="stopped: outcome unknown")
 
 
 def _settle(
     command: Command,
+    epoch: Epoch,
     invocation: AdapterInvocation | None,
     state: str,
     *,
@@ -288,10 +345,9 @@ def _settle(
     reason_code: str = "",
 ) -> None:
     """A guarded transition of the effect to ``state``, with its audit event. Called under
-    the command's row lock."""
-    now = db_now()
+    the command's row lock, with the occurrence's current epoch."""
     moved = Command.objects.filter(pk=command.pk, state=command.state).update(
-        state=state, updated_at=now
+        state=state, updated_at=DbNow()
     )
     assert moved == 1, "the row lock guarantees the state read under it"
     event_data = {**(data or {})}
@@ -303,7 +359,7 @@ def _settle(
         command,
         AuditKind.for_effect(state),
         message_id=message_id,
-        execution_id=current_epoch(command).execution_id,
+        execution_id=epoch.execution_id,
         decision=state,
         reason_code=reason_code,
         data=event_data,
@@ -311,12 +367,16 @@ def _settle(
     command.state = state
 
 
-def _finish(
-    invocation: AdapterInvocation, outcome: str, *, receipt: str = "", detail: str = ""
-) -> None:
-    AdapterInvocation.objects.filter(pk=invocation.pk).update(
-        finished_at=db_now(), outcome=outcome, receipt=receipt[:200], detail=detail
+def _finish(invocation: AdapterInvocation, result: Any) -> bool:
+    """Close the invocation with what the call returned, unless another delivery closed it
+    meanwhile (gave it up as abandoned): whether this one did."""
+    closed = AdapterInvocation.objects.filter(pk=invocation.pk, finished_at__isnull=True).update(
+        finished_at=DbNow(),
+        outcome=outcome_of(result),
+        receipt=getattr(result, "receipt", "")[:200],
+        detail=detail_of(result),
     )
+    return closed == 1
 
 
 def _backoff(contract: ToolContract, attempts: int) -> float:
@@ -334,32 +394,14 @@ def record(plan: Plan, result: Any) -> Plan:
         command = _lock(plan.command_id)
         assert command is not None
         contract = command.occurrence.tool
-        fresh = AdapterInvocation.objects.get(pk=invocation.pk)
-        if command.state != Command.State.SENDING or fresh.finished_at is not None:
+        if command.state != Command.State.SENDING or not _finish(invocation, result):
             # Another delivery settled the effect (or gave this call up) meanwhile: the
             # answer is still evidence, kept on the row and in the audit trail.
-            detail = f"arrived after the effect was {command.state}: {describe(result)}"
-            AdapterInvocation.objects.filter(pk=invocation.pk).update(
-                detail=(fresh.detail + "; " if fresh.detail else "") + detail,
-                receipt=getattr(result, "receipt", "")[:200] or fresh.receipt,
-            )
-            _audit(
-                command,
-                AuditKind.EFFECT_LATE_RESULT,
-                message_id=invocation.message_id,
-                reason_code=outcome_of(result),
-                data={"invocation": invocation.number, "result": describe(result)},
-            )
+            _late(command, invocation, result)
             return Plan(command.pk, note="late result")
 
         epoch = current_epoch(command)
         if isinstance(result, Committed):
-            _finish(
-                invocation,
-                AdapterInvocation.Outcome.COMMITTED,
-                receipt=result.receipt,
-                detail=result.detail,
-            )
             why = (
                 "the effect query found it"
                 if invocation.kind == AdapterInvocation.Kind.QUERY
@@ -367,6 +409,7 @@ def record(plan: Plan, result: Any) -> Plan:
             )
             _settle(
                 command,
+                epoch,
                 invocation,
                 Command.State.COMMITTED,
                 message_id=invocation.message_id,
@@ -377,10 +420,11 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk)
 
         if isinstance(result, NotFound):
-            _finish(invocation, AdapterInvocation.Outcome.NOT_FOUND, detail=result.detail)
-            if _attempts(command, epoch) >= contract.max_attempts:
+            history = _history(command, epoch)
+            if history.attempts >= contract.max_attempts:
                 _settle(
                     command,
+                    epoch,
                     invocation,
                     Command.State.OUTCOME_UNKNOWN,
                     message_id=invocation.message_id,
@@ -390,15 +434,16 @@ def record(plan: Plan, result: Any) -> Plan:
                 return Plan(command.pk)
             nxt = _start(
                 command,
+                epoch,
+                history,
                 kind=AdapterInvocation.Kind.EXECUTE,
                 why=Why.QUERIED_NOT_FOUND,
                 message_id=invocation.message_id,
                 expect=Command.State.SENDING,
             )
-            return Plan(command.pk, nxt)
+            return _plan(command, nxt)
 
         if isinstance(result, Interrupted):
-            _finish(invocation, AdapterInvocation.Outcome.INTERRUPTED, detail=result.detail)
             interruption = Interruption.objects.create(
                 command=command,
                 epoch=epoch,
@@ -410,6 +455,7 @@ def record(plan: Plan, result: Any) -> Plan:
             # A 401 is the remote refusing before execution: the effect is known rejected.
             _settle(
                 command,
+                epoch,
                 invocation,
                 Command.State.REJECTED,
                 message_id=invocation.message_id,
@@ -435,14 +481,12 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk, note="interrupted")
 
         if isinstance(result, Rejected):
-            _finish(invocation, AdapterInvocation.Outcome.REJECTED, detail=result.reason)
-            attempts = _attempts(command, epoch)
+            attempts = _history(command, epoch).attempts
             if result.retryable and attempts < contract.max_attempts:
                 delay = _backoff(contract, attempts)
                 # Nothing happened, so the command goes back to the outbox.
-                now = db_now()
                 Command.objects.filter(pk=command.pk, state=Command.State.SENDING).update(
-                    state=Command.State.PENDING, updated_at=now
+                    state=Command.State.PENDING, updated_at=DbNow()
                 )
                 _audit(
                     command,
@@ -462,6 +506,7 @@ def record(plan: Plan, result: Any) -> Plan:
                 return Plan(command.pk, retry_in=delay)
             _settle(
                 command,
+                epoch,
                 invocation,
                 Command.State.REJECTED,
                 message_id=invocation.message_id,
@@ -471,7 +516,6 @@ def record(plan: Plan, result: Any) -> Plan:
             return Plan(command.pk)
 
         assert isinstance(result, Unknown)
-        _finish(invocation, AdapterInvocation.Outcome.OUTCOME_UNKNOWN, detail=result.why)
         if (
             contract.replay_safety == ToolContract.ReplaySafety.EFFECT_QUERYABLE
             and invocation.kind == AdapterInvocation.Kind.EXECUTE
@@ -479,14 +523,17 @@ def record(plan: Plan, result: Any) -> Plan:
             # Ask before anything else: the remote knows whether the effect exists.
             nxt = _start(
                 command,
+                epoch,
+                _history(command, epoch),
                 kind=AdapterInvocation.Kind.QUERY,
                 why=Why.EFFECT_QUERYABLE,
                 message_id=invocation.message_id,
                 expect=Command.State.SENDING,
             )
-            return Plan(command.pk, nxt)
+            return _plan(command, nxt)
         _settle(
             command,
+            epoch,
             invocation,
             Command.State.OUTCOME_UNKNOWN,
             message_id=invocation.message_id,
@@ -496,41 +543,31 @@ def record(plan: Plan, result: Any) -> Plan:
         return Plan(command.pk)
 
 
-def outcome_of(result: Any) -> str:
-    """The invocation outcome an adapter's typed result records."""
-    return {
-        Committed: AdapterInvocation.Outcome.COMMITTED,
-        Rejected: AdapterInvocation.Outcome.REJECTED,
-        Unknown: AdapterInvocation.Outcome.OUTCOME_UNKNOWN,
-        Interrupted: AdapterInvocation.Outcome.INTERRUPTED,
-        NotFound: AdapterInvocation.Outcome.NOT_FOUND,
-    }[type(result)].value
-
-
-def describe(result: Any) -> str:
-    """An adapter's typed result in words, for a late answer's detail."""
-    if isinstance(result, Committed):
-        return f"committed, receipt {result.receipt}"
-    if isinstance(result, Rejected):
-        return f"rejected: {result.reason}"
-    if isinstance(result, Interrupted):
-        return f"interrupted: {result.detail}"
-    if isinstance(result, NotFound):
-        return "no effect found"
-    return f"unknown: {result.why}"
+def _late(command: Command, invocation: AdapterInvocation, result: Any) -> None:
+    """An answer that came after the effect was settled, or after another delivery gave
+    its call up: added to the invocation's row and to the audit trail."""
+    fresh = AdapterInvocation.objects.get(pk=invocation.pk)
+    detail = f"arrived after the effect was {command.state}: {describe(result)}"
+    AdapterInvocation.objects.filter(pk=invocation.pk).update(
+        detail=(fresh.detail + "; " if fresh.detail else "") + detail,
+        receipt=getattr(result, "receipt", "")[:200] or fresh.receipt,
+    )
+    _audit(
+        command,
+        AuditKind.EFFECT_LATE_RESULT,
+        message_id=invocation.message_id,
+        reason_code=outcome_of(result),
+        data={"invocation": invocation.number, "result": describe(result)},
+    )
 
 
 def perform(plan: Plan) -> Any:
-    """Phase 2: the call itself, outside any transaction."""
-    invocation = plan.invocation
-    assert invocation is not None
-    command = Command.objects.select_related("occurrence__tool", "approval__proposal").get(
-        pk=plan.command_id
-    )
-    adapter = adapters.adapter_for(command.occurrence.tool.adapter, tenant_id=command.tenant_id)
+    """Phase 2: the call itself, outside any transaction, as phase 1 read it."""
+    invocation, call = plan.invocation, plan.call
+    assert invocation is not None and call is not None
+    adapter = adapters.adapter_for(plan.adapter, tenant_id=call.tenant_id)
     if adapter is None:
-        return Rejected(f"the console has no adapter named {command.occurrence.tool.adapter!r}")
-    call = call_of(command)
+        return Rejected(f"the console has no adapter named {plan.adapter!r}")
     if invocation.kind == AdapterInvocation.Kind.QUERY:
         return adapter.query_effect(call)
     return adapter.execute(call)

@@ -28,9 +28,10 @@ from approvals.vocabulary import AuditKind
 from reconciliation import adapters
 from reconciliation.action_rules import ALLOWED_FROM, finding_refusal
 from reconciliation.adapters.base import Committed, NotFound, Rejected, Unknown
-from reconciliation.dispatch import call_of, current_epoch, describe, invocation_open, outcome_of
+from reconciliation.dispatch import call_of, current_epoch, invocation_open
 from reconciliation.epochs import command_lock, epoch_admit, last_finding
 from reconciliation.models import AdapterInvocation, OperatorDecision
+from reconciliation.results import describe, outcome_of
 from reconciliation.takes import take_release_on_resolve
 
 # Invocations whose receipt names the effect under the command's key (a compensation's

@@ -22,6 +22,8 @@ must be the one connected to.
 from __future__ import annotations
 
 import math
+import os
+import ssl
 import threading
 import time
 import typing
@@ -228,13 +230,23 @@ class OutboundTransport(httpx.BaseTransport):
     module's network backend (where names are resolved and addresses checked), through
     both libraries' public APIs: httpx's own transport takes no network backend."""
 
-    def __init__(self, *, public_only: bool, deadline_seconds: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        public_only: bool,
+        deadline_seconds: float,
+        max_bytes: int,
+        keepalive_seconds: float | None = None,
+    ) -> None:
         self._deadline = _Deadline()
         self._deadline_seconds = deadline_seconds
         self._max_bytes = max_bytes
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=_ssl_context(),
             network_backend=_Backend(public_only=public_only, deadline=self._deadline),
+            # None: idle connections are kept as long as the client; 0: none is kept.
+            max_keepalive_connections=0 if keepalive_seconds == 0 else None,
+            keepalive_expiry=keepalive_seconds or None,
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -276,9 +288,23 @@ class OutboundTransport(httpx.BaseTransport):
         self._pool.close()
 
 
-def outbound_client(*, public_only: bool) -> httpx.Client:
-    """A client for one outbound call (or a few, one after another), with the settings'
-    timeouts, deadline and size cap; redirects are not followed."""
+_contexts: dict[int, ssl.SSLContext] = {}
+_clients: dict[tuple[typing.Any, ...], httpx.Client] = {}
+_lock = threading.RLock()  # the client is built under it, and its TLS context too
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The process's TLS context: loading the CA bundle cost every call about 40 ms of CPU
+    (``bench/README.md``, the worker's profile), for the same certificates each time."""
+    pid = os.getpid()
+    context = _contexts.get(pid)
+    if context is None:
+        with _lock:
+            context = _contexts.setdefault(pid, httpx.create_ssl_context())
+    return context
+
+
+def _client(*, public_only: bool, keepalive_seconds: float | None) -> httpx.Client:
     timeout = httpx.Timeout(
         connect=settings.ADAPTER_CONNECT_TIMEOUT,
         read=settings.ADAPTER_READ_TIMEOUT,
@@ -289,5 +315,39 @@ def outbound_client(*, public_only: bool) -> httpx.Client:
         public_only=public_only,
         deadline_seconds=settings.OUTBOUND_DEADLINE_SECONDS,
         max_bytes=settings.OUTBOUND_MAX_RESPONSE_BYTES,
+        keepalive_seconds=keepalive_seconds,
     )
     return httpx.Client(timeout=timeout, follow_redirects=False, transport=transport)
+
+
+def outbound_client(*, public_only: bool) -> httpx.Client:
+    """A client for one outbound call (or a few, one after another), with the settings'
+    timeouts, deadline and size cap; redirects are not followed. Close it after use."""
+    return _client(public_only=public_only, keepalive_seconds=None)
+
+
+def pooled_client(*, public_only: bool) -> httpx.Client:
+    """The process's client for the adapters' calls: one per process (a forked worker gets
+    its own) and per configuration, never closed by its users. It keeps a connection to a
+    receiver for ``ADAPTER_KEEPALIVE_SECONDS`` after an answer (0: none kept) and reuses it
+    only within that time, which must be shorter than the receiver's own keep-alive: a
+    connection the receiver closes just as a request goes out would make that call's
+    outcome unknown (recorded as such, never sent again blindly)."""
+    keepalive = float(settings.ADAPTER_KEEPALIVE_SECONDS)
+    key = (
+        os.getpid(),
+        public_only,
+        keepalive,
+        settings.ADAPTER_CONNECT_TIMEOUT,
+        settings.ADAPTER_READ_TIMEOUT,
+        settings.OUTBOUND_DEADLINE_SECONDS,
+        settings.OUTBOUND_MAX_RESPONSE_BYTES,
+    )
+    client = _clients.get(key)
+    if client is None:
+        with _lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _client(public_only=public_only, keepalive_seconds=keepalive)
+                _clients[key] = client
+    return client

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from approvals.outbound.client import outbound_client
+from approvals.outbound.client import pooled_client
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,13 @@ class Adapter(Protocol):
 
 
 def http_client() -> httpx.Client:
-    """A client with explicit timeouts, a total deadline and a size cap
+    """The process's client (one per worker process, its connections pooled; not to be
+    closed) with explicit timeouts, a total deadline and a size cap
     (``approvals.outbound.client``): a call that hangs or dribbles is an unknown outcome
     after ``ADAPTER_READ_TIMEOUT`` or ``OUTBOUND_DEADLINE_SECONDS`` seconds, never a worker
     stuck for ever. The adapters' URLs are the operator's (``PAYMENTS_URL``, a tenant's
     webhook target, set in the admin), so they may be private addresses."""
-    return outbound_client(public_only=False)
+    return pooled_client(public_only=False)
 
 
 def transport_failure(exc: httpx.HTTPError) -> Result:

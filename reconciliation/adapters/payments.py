@@ -73,22 +73,20 @@ class PaymentsAdapter:
             "reason": args.get("reason", ""),
         }
         try:
-            with http_client() as client:
-                response = client.post(
-                    f"{self.base_url}/v1/refunds", json=body, headers=self._headers(call)
-                )
+            response = http_client().post(
+                f"{self.base_url}/v1/refunds", json=body, headers=self._headers(call)
+            )
         except httpx.HTTPError as exc:
             return transport_failure(exc)
         return self._classify(response)
 
     def query_effect(self, call: Call) -> QueryResult:
         try:
-            with http_client() as client:
-                response = client.get(
-                    f"{self.base_url}/v1/refunds",
-                    params={"idempotency_key": call.idempotency_key},
-                    headers=self._headers(call),
-                )
+            response = http_client().get(
+                f"{self.base_url}/v1/refunds",
+                params={"idempotency_key": call.idempotency_key},
+                headers=self._headers(call),
+            )
         except httpx.HTTPError as exc:
             return Unknown(f"the effect query failed: {type(exc).__name__}: {exc}")
         if response.status_code == 404:
@@ -100,10 +98,9 @@ class PaymentsAdapter:
 
     def compensate(self, call: Call, receipt: str) -> Result:
         try:
-            with http_client() as client:
-                response = client.post(
-                    f"{self.base_url}/v1/refunds/{receipt}/reversal", headers=self._headers(call)
-                )
+            response = http_client().post(
+                f"{self.base_url}/v1/refunds/{receipt}/reversal", headers=self._headers(call)
+            )
         except httpx.HTTPError as exc:
             return transport_failure(exc)
         if response.status_code in (200, 201):

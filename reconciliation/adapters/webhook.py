@@ -81,8 +81,7 @@ class WebhookAdapter:
             **signed_headers(secret=self.secret, message_id=call.idempotency_key, body=body),
         }
         try:
-            with http_client() as client:
-                response = client.post(self.url, content=body, headers=headers)
+            response = http_client().post(self.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             return transport_failure(exc)
         if response.is_success:

@@ -23,6 +23,27 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "http_bench.py"
 ARMS = ["pgbench", "bare", "cheapest", "auto", "propose", "pickup", "claim", "replay"]
 
 
+def run_http_bench(*args: str, broker_url: str) -> str:
+    """The bench at --tiny size with ``args``, as a process: its output, once it exited 0.
+    It and its gunicorn write to the test database; the transactional test's flush removes
+    the rows afterwards."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": _test_database_url(),
+        "CELERY_BROKER_URL": broker_url,
+        "LOG_LEVEL": "WARNING",
+    }
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--tiny", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the http bench needs PostgreSQL")
 @pytest.mark.django_db(transaction=True)
 def test_http_bench_runs_every_arm_and_prints_the_ratios(transactional_db: Any) -> None:
@@ -33,24 +54,8 @@ def test_http_bench_runs_every_arm_and_prints_the_ratios(transactional_db: Any) 
             "as bin/serve's does. Run bin/test, which starts a throwaway Redis.",
             pytrace=False,
         )
-    env = {
-        **os.environ,
-        "DATABASE_URL": _test_database_url(),
-        "CELERY_BROKER_URL": redis,
-        "LOG_LEVEL": "WARNING",
-    }
-    # The subprocess and its gunicorn write to the test database; the transactional test's
-    # flush removes the rows afterwards.
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    out = run_http_bench(broker_url=redis)
 
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
     rows = {
         words[0]: words for words in map(str.split, out.splitlines()) if words and words[0] in ARMS
     }
