@@ -972,6 +972,53 @@ CLAIM_PARTS = [
     ("    metrics.claim_decided", "approvals/metrics.py", "claim_decided"),
     ("    response (pydantic out + JSON)", "ninja/operation.py", "_result_to_response"),
 ]
+# The parts every call shares: the request, authentication, the rate limit, the body.
+COMMON_PARTS = CLAIM_PARTS[:7]
+RESPONSE_PART = CLAIM_PARTS[-1]
+PROPOSAL_PARTS = [
+    *COMMON_PARTS,
+    ("    proposal_record", "approvals/reviews/proposals.py", "proposal_record"),
+    (
+        "      contract read+validate+canonicalize",
+        "approvals/reviews/proposals.py",
+        "action_canonical",
+    ),
+    ("        JSON Schema validation", "approvals/canonical/schema.py", "validate_arguments"),
+    ("        RFC 8785 canonicalize", "approvals/canonical/form.py", "canonicalize"),
+    ("      deadlines_now", "approvals/reviews/deadlines.py", "deadlines_now"),
+    ("      ORM create (occurrence, proposal)", "django/db/models/query.py", "create"),
+    ("      audit_append", "approvals/audit/record.py", "audit_append"),
+    ("      notification outbox", "approvals/notifications/outbox.py", "notification_event_create"),
+    ("      COMMIT", "django/db/backends/base/base.py", "commit"),
+    ("    prior_decisions read", "approvals/api/occurrences.py", "_prior_decisions_out"),
+    ("    metrics.proposal_received", "approvals/metrics.py", "proposal_received"),
+    RESPONSE_PART,
+]
+PICKUP_PARTS = [
+    *COMMON_PARTS,
+    ("    pickup_read", "approvals/claims/delivery.py", "pickup_read"),
+    ("    approval_deliver", "approvals/claims/delivery.py", "approval_deliver"),
+    ("      audit_record", "approvals/audit/record.py", "audit_record"),
+    ("      COMMIT", "django/db/backends/base/base.py", "commit"),
+    RESPONSE_PART,
+]
+# --profile-arm: (method, path pattern, parts, requests of that pattern before the arm's
+# measured ones, as a function of the measured and warm-up counts). The bench's first
+# warm-up sends 200 GETs of /healthz and 200 of an unknown occurrence.
+PROFILE_ARMS: dict[str, tuple[str, str, list[tuple[str, str, str]], Any]] = {
+    "claim": ("POST", r"/api/v1/claims$", CLAIM_PARTS, lambda n, warm: warm),
+    "auto": ("POST", r"/api/v1/occurrences$", PROPOSAL_PARTS, lambda n, warm: warm),
+    # After the auto-admitted ones (warm + n) and the proposals' own warm-up.
+    "propose": ("POST", r"/api/v1/occurrences$", PROPOSAL_PARTS, lambda n, warm: 2 * warm + n),
+    "pickup": ("POST", r"/api/v1/occurrences/[^/]+/token$", PICKUP_PARTS, lambda n, w: w),
+    "cheapest": (
+        "GET",
+        r"/api/v1/occurrences/[^/]+$",
+        [*COMMON_PARTS, RESPONSE_PART],
+        lambda n, warm: 200 + warm,
+    ),
+    "bare": ("GET", r"/healthz$", CLAIM_PARTS[:1], lambda n, warm: 200 + warm),
+}
 
 
 def profile_report(out: Path, parts: list[tuple[str, str, str]]) -> None:
@@ -1045,14 +1092,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="profile the claim requests in one worker (cProfile) instead of measuring",
+        help="profile one arm's requests (--profile-arm) in one worker (cProfile) instead "
+        "of measuring",
     )
     parser.add_argument("--profile-out", type=Path, help="with --profile: keep the pstats file")
     parser.add_argument(
-        "--profile-path",
-        default="/api/v1/claims",
-        help="with --profile: the POST requests profiled (a path prefix; "
-        "/api/v1/occurrences profiles the auto-admitted proposals, which come first)",
+        "--profile-arm",
+        choices=sorted(PROFILE_ARMS),
+        default="claim",
+        help="with --profile: the arm whose measured requests are profiled (default: claim)",
     )
     args = parser.parse_args(argv)
     # The services' INFO lines for what the bench writes in this process are not its output.
@@ -1075,7 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         if args.profile:
             return profile(
-                world, workdir, n, warm, args.form_approvals, args.profile_out, args.profile_path
+                world, workdir, n, warm, args.form_approvals, args.profile_out, args.profile_arm
             )
         if args.with_worker:
             tier = WorkerTier(workdir, args.celery_concurrency)
@@ -1172,9 +1220,10 @@ def profile(
     warm: int,
     form_approvals: int,
     keep: Path | None,
-    path: str,
+    arm: str,
 ) -> int:
-    out = workdir / "claim.prof"
+    method, path, parts, skip = PROFILE_ARMS[arm]
+    out = workdir / f"{arm}.prof"
     server = Server(
         workdir,
         app="bench.profiled_wsgi:application",
@@ -1183,8 +1232,8 @@ def profile(
         WEB_CONCURRENCY="1",
         GUNICORN_THREADS="1",
         PROFILE_PATH=path,
-        PROFILE_METHOD="POST",
-        PROFILE_SKIP=str(warm),
+        PROFILE_METHOD=method,
+        PROFILE_SKIP=str(skip(n, warm)),
         PROFILE_REQUESTS=str(n),
         PROFILE_OUT=str(out),
     )
@@ -1200,7 +1249,8 @@ def profile(
     if not out.exists():
         print("FAIL the worker wrote no profile", file=sys.stderr)
         return 1
-    profile_report(out, CLAIM_PARTS if path == "/api/v1/claims" else CLAIM_PARTS[:6])
+    print(f"\nthe {arm} arm: {method} {path}")
+    profile_report(out, parts)
     if keep:
         shutil.copy(out, keep)
         shutil.copy(str(out) + ".sql.json", str(keep) + ".sql.json")

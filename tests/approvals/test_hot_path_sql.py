@@ -1,0 +1,128 @@
+"""Issue 28: the proposal's reads written as SQL on PostgreSQL (the contract, the run's
+earlier rejections, the routing rule's subquery) answer as their ORM twins, which SQLite
+runs: the same rows, in the same order, for the cases that tell them apart."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.forms.models import model_to_dict
+
+from approvals.models import Occurrence, RoutingRuleVersion, Tenant, ToolContract
+from approvals.reviews.decisions import occurrence_reject
+from approvals.reviews.proposals import (
+    contract_named,
+    prior_rejections,
+    prior_rejections_queryset,
+)
+from approvals.routing.changes import reviewer_group_save, routing_rule_save
+from approvals.routing.rules import routing_version, routing_versions
+from tests.conftest import REFUND_ARGS, Runtime
+
+pytestmark = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the SQL is PostgreSQL's; SQLite runs the twins"
+)
+
+
+@pytest.mark.django_db
+def test_the_contract_read_answers_as_its_orm_twin() -> None:
+    for name in ToolContract.objects.values_list("name", flat=True):
+        contract = contract_named(name)
+        twin = ToolContract.objects.filter(name=name).first()
+        assert contract is not None and twin is not None
+        assert model_to_dict(contract) == model_to_dict(twin)
+        assert contract.pk == twin.pk and contract.version == twin.version
+    assert contract_named("no_such_tool") is None
+
+
+def test_the_prior_rejections_answer_as_their_orm_twin(
+    runtime: Runtime, tenant: Tenant, reviewer: Any
+) -> None:
+    run_id = "run-twin"
+    ids = []
+    for i, amount in enumerate([1000, 1000, 1000, 2000]):
+        answer = runtime.propose(
+            "issue_refund",
+            {**REFUND_ARGS, "amount_minor": amount},
+            run_id=run_id,
+            client_ref=f"twin-{i}",
+        )
+        ids.append(answer.json()["occurrence_id"])
+    for occurrence_id in ids[:2] + ids[3:]:
+        occurrence_reject(
+            occurrence=Occurrence.objects.get(pk=occurrence_id), reviewer=reviewer, reason="no"
+        )
+    Occurrence.objects.filter(pk=ids[2]).update(status=Occurrence.Status.TIMED_OUT)
+    digests = {
+        p.action_digest
+        for o in Occurrence.objects.filter(pk__in=ids).prefetch_related("proposals")
+        for p in o.proposals.all()
+    }
+    assert len(digests) == 2
+    for digest in digests:
+        for with_timeouts in (False, True):
+            for exclude in (None, uuid.UUID(ids[0])):
+                for limit in (1, 20):
+                    statuses = ["rejected", *(["timed_out"] if with_timeouts else [])]
+                    twin = list(
+                        prior_rejections_queryset(
+                            tenant_id=tenant.pk,
+                            run_id=run_id,
+                            action_digest=digest,
+                            statuses=statuses,
+                            exclude=exclude,
+                        )[:limit]
+                    )
+                    found = prior_rejections(
+                        tenant=tenant,
+                        run_id=run_id,
+                        action_digest=digest,
+                        exclude=exclude,
+                        limit=limit,
+                        with_timeouts=with_timeouts,
+                    )
+                    assert [
+                        (p.occurrence_id, p.decided_at, p.decided_by or None) for p in found
+                    ] == [(r["pk"], r["decided_at"], r["decided_by"]) for r in twin]
+    assert prior_rejections(tenant=tenant, run_id="another run", action_digest=digest) == []
+
+
+def test_the_routing_subquery_picks_as_its_orm_twin(
+    tenant: Tenant, admin_user: Any, reviewer: Any
+) -> None:
+    group = reviewer_group_save(
+        tenant=tenant, admin=admin_user, name="support", member_ids=[reviewer.pk]
+    ).group
+    contract = ToolContract.objects.get(name="issue_refund")
+
+    def picked(arguments: dict[str, Any]) -> tuple[int | None, int | None]:
+        with connection.cursor() as cursor:
+            raw = routing_version(tenant_id=tenant.pk, contract=contract, arguments=arguments)
+            cursor.execute(f"SELECT ({raw.sql})", raw.params)  # noqa: S608 (the rule's own SQL)
+            chosen = cursor.fetchone()[0]
+        twin = routing_versions(tenant_id=tenant.pk, contract=contract, arguments=arguments)
+        return chosen, twin.values_list("pk", flat=True).first()
+
+    amounts = [0, 1000, 50000, 50001, 99999, 100000, 100001, 10**12]
+    cases = [{**REFUND_ARGS, "amount_minor": a} for a in amounts]
+    cases += [{**REFUND_ARGS, "currency": "USD", "amount_minor": 70000}, {"order_id": "x"}]
+    assert {picked(c) for c in cases} == {(None, None)}
+    bands = [("", None, None), ("EUR", 50000, None), ("EUR", None, 100000), ("EUR", 50000, 100000)]
+    for i, (currency, over, up_to) in enumerate(bands):
+        routing_rule_save(
+            tenant=tenant,
+            admin=admin_user,
+            tool="issue_refund",
+            name=f"rule {i}",
+            group_ids=[group.pk],
+            currency=currency,
+            amount_over_minor=over,
+            amount_up_to_minor=up_to,
+        )
+        for arguments in cases:
+            chosen, twin = picked(arguments)
+            assert chosen == twin, (bands[: i + 1], arguments)
+    assert RoutingRuleVersion.objects.filter(tenant=tenant).count() == len(bands)
