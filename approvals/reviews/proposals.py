@@ -36,6 +36,7 @@ from approvals.models import (
 )
 from approvals.notifications.outbox import notification_event_create
 from approvals.reviews.deadlines import deadlines_now
+from approvals.reviews.selectors import tool_contract
 from approvals.routing.rules import routing_version
 from approvals.vocabulary import (
     AuditKind,
@@ -47,26 +48,11 @@ from approvals.vocabulary import (
 def action_canonical(tool: str, arguments: Any) -> tuple[ToolContract, CanonicalAction]:
     """The tool's contract and the action's canonical form and digest, or the InputError a
     proposal of it gets (unknown tool, arguments outside the contract). Writes nothing."""
-    contract = contract_named(tool)
+    contract = tool_contract(tool)
     if contract is None:
         raise InputError("unknown_tool", f"There is no tool contract named {tool!r}.", "tool")
     validate_arguments(contract.json_schema, arguments)
     return contract, canonicalize(tool, arguments)
-
-
-_CONTRACT = sql.Columns(ToolContract, "c")
-_CONTRACT_SQL = f"SELECT {_CONTRACT.sql} FROM {ToolContract._meta.db_table} c WHERE c.name = %s"  # noqa: S608 (no input in the text)
-
-
-def contract_named(name: str) -> ToolContract | None:
-    """The tool contract named ``name``, or None. Read with SQL on PostgreSQL (the queryset,
-    its twin, cost 0.6 ms of CPU to build, four times the statement's run); the
-    contract is read, not cached, on every proposal: its ``version`` says whether it
-    changed only once it is read."""
-    if not sql.on_postgresql():
-        return ToolContract.objects.filter(name=name).first()
-    rows = sql.fetch(_CONTRACT_SQL, [name])
-    return _CONTRACT.load(rows[0]) if rows else None
 
 
 @dataclass(frozen=True)

@@ -155,5 +155,17 @@ def tool_contracts() -> list[ToolContract]:
     return list(ToolContract.objects.order_by("name"))
 
 
+_CONTRACT = Columns(ToolContract, "c")
+_CONTRACT_SQL = f"SELECT {_CONTRACT.sql} FROM {ToolContract._meta.db_table} c WHERE c.name = %s"  # noqa: S608 (no input in the text)
+
+
 def tool_contract(name: str) -> ToolContract | None:
-    return ToolContract.objects.filter(name=name).first()
+    """The tool contract named ``name``, or None: every proposal and claim reads it. With
+    SQL on PostgreSQL (its queryset, the twin SQLite runs, cost Django 0.6 ms of CPU to
+    build, four times the statement's run). Read on every call, not cached in the process:
+    an admin's edit does not bump its ``version`` (only a registration does), so no key
+    would tell a stale copy, and knowing the version would be a read anyway."""
+    if not on_postgresql():
+        return ToolContract.objects.filter(name=name).first()
+    rows = fetch(_CONTRACT_SQL, [name])
+    return _CONTRACT.load(rows[0]) if rows else None

@@ -13,11 +13,8 @@ from django.forms.models import model_to_dict
 
 from approvals.models import Occurrence, RoutingRuleVersion, Tenant, ToolContract
 from approvals.reviews.decisions import occurrence_reject
-from approvals.reviews.proposals import (
-    contract_named,
-    prior_rejections,
-    prior_rejections_queryset,
-)
+from approvals.reviews.proposals import prior_rejections, prior_rejections_queryset
+from approvals.reviews.selectors import tool_contract
 from approvals.routing.changes import reviewer_group_save, routing_rule_save
 from approvals.routing.rules import routing_version, routing_versions
 from tests.conftest import REFUND_ARGS, Runtime
@@ -30,12 +27,12 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.django_db
 def test_the_contract_read_answers_as_its_orm_twin() -> None:
     for name in ToolContract.objects.values_list("name", flat=True):
-        contract = contract_named(name)
+        contract = tool_contract(name)
         twin = ToolContract.objects.filter(name=name).first()
         assert contract is not None and twin is not None
         assert model_to_dict(contract) == model_to_dict(twin)
         assert contract.pk == twin.pk and contract.version == twin.version
-    assert contract_named("no_such_tool") is None
+    assert tool_contract("no_such_tool") is None
 
 
 def test_the_prior_rejections_answer_as_their_orm_twin(
@@ -101,7 +98,7 @@ def test_the_routing_subquery_picks_as_its_orm_twin(
     def picked(arguments: dict[str, Any]) -> tuple[int | None, int | None]:
         with connection.cursor() as cursor:
             raw = routing_version(tenant_id=tenant.pk, contract=contract, arguments=arguments)
-            cursor.execute(f"SELECT ({raw.sql})", raw.params)  # noqa: S608 (the rule's own SQL)
+            cursor.execute(f"SELECT ({raw.sql})", raw.params)
             chosen = cursor.fetchone()[0]
         twin = routing_versions(tenant_id=tenant.pk, contract=contract, arguments=arguments)
         return chosen, twin.values_list("pk", flat=True).first()
