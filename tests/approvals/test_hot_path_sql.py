@@ -1,6 +1,7 @@
-"""Issue 28: the proposal's reads written as SQL on PostgreSQL (the contract, the run's
-earlier rejections, the routing rule's subquery) answer as their ORM twins, which SQLite
-runs: the same rows, in the same order, for the cases that tell them apart."""
+"""Issue 28: the hot calls' reads written as SQL on PostgreSQL (the contract, the run's
+earlier rejections, the routing rule's subquery, the claim's proposer) answer as their ORM
+twins, which SQLite runs: the same rows, in the same order, for the cases that tell them
+apart."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import pytest
 from django.db import connection
 from django.forms.models import model_to_dict
 
-from approvals.models import Occurrence, RoutingRuleVersion, Tenant, ToolContract
+from approvals.access import tokens
+from approvals.access.runtime_keys import (
+    _PROPOSER_SQL,
+    claimed_by_other_key,
+    proposer_of_token,
+)
+from approvals.models import Occurrence, RoutingRuleVersion, RuntimeKey, Tenant, ToolContract
 from approvals.reviews.decisions import occurrence_reject
 from approvals.reviews.proposals import prior_rejections, prior_rejections_queryset
 from approvals.reviews.selectors import tool_contract
 from approvals.routing.changes import reviewer_group_save, routing_rule_save
 from approvals.routing.rules import routing_version, routing_versions
-from tests.conftest import REFUND_ARGS, Runtime
+from tests.conftest import REFUND_ARGS, Runtime, approve, make_runtime
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the SQL is PostgreSQL's; SQLite runs the twins"
@@ -123,3 +130,35 @@ def test_the_routing_subquery_picks_as_its_orm_twin(
             chosen, twin = picked(arguments)
             assert chosen == twin, (bands[: i + 1], arguments)
     assert RoutingRuleVersion.objects.filter(tenant=tenant).count() == len(bands)
+
+
+def test_the_claims_proposer_read_answers_as_its_orm_twin(
+    runtime: Runtime, tenant: Tenant, reviewer: Any
+) -> None:
+    occurrence_id = runtime.propose().json()["occurrence_id"]
+    assert approve(occurrence_id, reviewer).issued
+    token = runtime.token(occurrence_id).json()["token"]
+    token_hash = tokens.hash_secret(token)
+    other = make_runtime(tenant, "another agent")
+
+    def both() -> tuple[Any, Any]:
+        with connection.cursor() as cursor:
+            cursor.execute(_PROPOSER_SQL, [tenant.pk, token_hash])
+            found = cursor.fetchone()
+        return found, proposer_of_token(tenant_id=tenant.pk, token_hash=token_hash).first()
+
+    assert both() == ((runtime.key.pk, ""), (runtime.key.pk, "")), both()
+    RuntimeKey.objects.filter(pk=runtime.key.pk).update(runtime_group="crew")
+    assert both() == ((runtime.key.pk, "crew"), (runtime.key.pk, "crew"))
+    for caller, refused in ((runtime.key, False), (other.key, True)):
+        assert claimed_by_other_key(caller, tenant=tenant, token_hash=token_hash) is refused
+    RuntimeKey.objects.filter(pk=other.key.pk).update(runtime_group="crew")
+    other.key.refresh_from_db()
+    assert claimed_by_other_key(other.key, tenant=tenant, token_hash=token_hash) is False
+    Occurrence.objects.filter(pk=occurrence_id).update(runtime_key=None)
+    assert both() == ((None, None), (None, None))
+    assert claimed_by_other_key(other.key, tenant=tenant, token_hash=token_hash) is False
+    with connection.cursor() as cursor:
+        cursor.execute(_PROPOSER_SQL, [tenant.pk, "0" * 64])
+        assert cursor.fetchone() is None
+    assert not claimed_by_other_key(other.key, tenant=tenant, token_hash="0" * 64)
