@@ -1,7 +1,7 @@
 """Issue 28: the hot calls' reads written as SQL on PostgreSQL (the contract, the run's
-earlier rejections, the routing rule's subquery, the claim's proposer) answer as their ORM
-twins, which SQLite runs: the same rows, in the same order, for the cases that tell them
-apart."""
+earlier rejections, the routing rule's subquery, the claim's proposer, the occurrence an
+API read shows) answer as their ORM twins, which SQLite runs: the same rows, in the same
+order, for the cases that tell them apart."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ from approvals.access.runtime_keys import (
     claimed_by_other_key,
     proposer_of_token,
 )
+from approvals.api.occurrences import _occurrence_out
 from approvals.models import Occurrence, RoutingRuleVersion, RuntimeKey, Tenant, ToolContract
 from approvals.reviews.decisions import occurrence_reject
 from approvals.reviews.proposals import prior_rejections, prior_rejections_queryset
-from approvals.reviews.selectors import tool_contract
+from approvals.reviews.selectors import (
+    occurrence_detail_queryset,
+    occurrence_get_for_tenant,
+    tool_contract,
+)
 from approvals.routing.changes import reviewer_group_save, routing_rule_save
 from approvals.routing.rules import routing_version, routing_versions
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_runtime
@@ -162,3 +167,22 @@ def test_the_claims_proposer_read_answers_as_its_orm_twin(
         cursor.execute(_PROPOSER_SQL, [tenant.pk, "0" * 64])
         assert cursor.fetchone() is None
     assert not claimed_by_other_key(other.key, tenant=tenant, token_hash="0" * 64)
+
+
+def test_the_occurrence_read_answers_as_its_orm_twin(
+    runtime: Runtime, tenant: Tenant, other_tenant: Tenant, reviewer: Any
+) -> None:
+    pending = runtime.propose(client_ref="pending").json()["occurrence_id"]
+    claimed = runtime.propose(client_ref="claimed").json()["occurrence_id"]
+    assert approve(claimed, reviewer).issued
+    token = runtime.token(claimed).json()["token"]
+    assert runtime.claim(token, "exec-twin").status_code == 200
+    auto = runtime.propose("lookup_order", {"order_id": "ord_1"}).json()["occurrence_id"]
+    for occurrence_id in (pending, claimed, auto):
+        found = occurrence_get_for_tenant(tenant=tenant, occurrence_id=occurrence_id)
+        twin = occurrence_detail_queryset().filter(tenant=tenant, pk=occurrence_id).first()
+        assert found is not None and twin is not None
+        assert _occurrence_out(found) == _occurrence_out(twin)
+        assert found.tenant == twin.tenant and model_to_dict(found) == model_to_dict(twin)
+        assert occurrence_get_for_tenant(tenant=other_tenant, occurrence_id=occurrence_id) is None
+    assert occurrence_get_for_tenant(tenant=tenant, occurrence_id=str(uuid.uuid4())) is None
