@@ -296,7 +296,7 @@ def prior_rejections(
     newest decision first; with ``with_timeouts``, timed-out ones too (what an answer's
     ``prior_decisions`` lists; a repeat is rejected by policy only after a rejection)."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    statuses = [Occurrence.Status.REJECTED]
+    statuses: list[str] = [Occurrence.Status.REJECTED]
     if with_timeouts:
         statuses.append(Occurrence.Status.TIMED_OUT)
     if sql.on_postgresql():
