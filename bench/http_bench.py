@@ -1210,13 +1210,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     bare = run.get("bare")
     if bare and bare.server_cpu:
-        print(f"\nserver CPU per request / the bare view's (target <= {CPU_TARGET}):")
         for m in run.measured:
             if m.name in ("pgbench", "bare") or not m.server_cpu:
                 continue
             ratio = (m.server_cpu / m.requests) / (bare.server_cpu / bare.requests)
             verdict = "meets" if ratio <= CPU_TARGET else "above"
-            print(f"  {m.name:<9} {ratio:5.2f}x  ({verdict})")
+            print(
+                f"cpu {m.name}/bare: {ratio:.2f}x  (target <= {CPU_TARGET}: {verdict}; server "
+                "CPU per request / the bare view's)"
+            )
     for problem in run.problems:
         print(f"FAIL {problem}", file=sys.stderr)
     return 1 if run.problems else 0
