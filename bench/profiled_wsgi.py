@@ -2,7 +2,8 @@
 
     gunicorn -c config/gunicorn.conf.py bench.profiled_wsgi:application
 
-Requests whose path starts with ``PROFILE_PATH`` (``/api/v1/claims``), and whose method is
+Requests whose path matches ``PROFILE_PATH`` (a regular expression matched at the path's
+start, ``/api/v1/claims``: a plain path is a prefix), and whose method is
 ``PROFILE_METHOD`` if that is set, run under cProfile (after ``PROFILE_SKIP`` of them),
 and every SQL statement they send is timed (``connection.execute_wrapper``), labelled by
 its verb and table. After ``PROFILE_REQUESTS`` such requests the worker writes the profile
@@ -26,7 +27,7 @@ from django.db import connection
 
 from config.wsgi import application as _console
 
-PATH = os.environ.get("PROFILE_PATH", "/api/v1/claims")
+PATH = re.compile(os.environ.get("PROFILE_PATH", "/api/v1/claims"))
 METHOD = os.environ.get("PROFILE_METHOD", "")  # only this method, if set
 SKIP = int(os.environ.get("PROFILE_SKIP", "0") or 0)  # warm-up requests, not profiled
 WANTED = int(os.environ.get("PROFILE_REQUESTS", "0") or 0)
@@ -76,7 +77,7 @@ def _dump() -> None:
 
 def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
     global _done, _skipped, _wall
-    wanted = environ.get("PATH_INFO", "").startswith(PATH) and (
+    wanted = PATH.match(environ.get("PATH_INFO", "")) is not None and (
         not METHOD or environ.get("REQUEST_METHOD") == METHOD
     )
     if not wanted or (WANTED and _done >= WANTED):

@@ -26,8 +26,8 @@ from approvals.models import (
     RetiredToken,
     RuntimeKey,
     Tenant,
-    ToolContract,
 )
+from approvals.reviews.selectors import tool_contract
 from approvals.vocabulary import (
     AuditKind,
     ClaimDecision,
@@ -57,13 +57,12 @@ def _claimable_digest(tool: str, arguments: Any) -> tuple[str | None, str]:
     writes as ``8000``) match an approval of 8000, where the proposal itself would have
     been refused with ``float_not_allowed``.
     """
-    found = ToolContract.objects.filter(name=tool).values_list("json_schema", "adapter").first()
-    if found is None:
+    contract = tool_contract(tool)
+    if contract is None:
         return None, Command.ExecutedBy.RUNTIME
-    schema, adapter = found
-    executed_by = Command.ExecutedBy.CONSOLE if adapter else Command.ExecutedBy.RUNTIME
+    executed_by = Command.ExecutedBy.CONSOLE if contract.adapter else Command.ExecutedBy.RUNTIME
     try:
-        validate_arguments(schema, arguments)
+        validate_arguments(contract.json_schema, arguments)
         return canonicalize(tool, arguments).digest, executed_by
     except InputError:
         return None, executed_by

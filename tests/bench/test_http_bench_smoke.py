@@ -63,8 +63,18 @@ def test_http_bench_runs_every_arm_and_prints_the_ratios(transactional_db: Any) 
     assert rows["claim"][-2:] == ["200:", "24"], out
     assert rows["replay"][-2:] == ["403:", "24"], out
     assert rows["cheapest"][-2:] == ["404:", "24"], out
-    for top, bottom in [("claim", "pgbench"), ("claim", "cheapest"), ("auto", "pgbench")]:
+    for top, bottom in [
+        ("claim", "pgbench"),
+        ("claim", "cheapest"),
+        ("auto", "pgbench"),
+        ("cheapest", "bare"),
+    ]:
         assert re.search(rf"^ratio {top}/{bottom}: \d+\.\d{{3}} ", out, re.MULTILINE), out
+    # Issue 28's other targets, as ratios: no absolute time.
+    assert re.search(r"^ratio claim p99/p50: \d+\.\d\d  \(target <= 3", out, re.MULTILINE), out
+    for arm in ("cheapest", "auto", "propose", "pickup", "claim"):
+        assert re.search(rf"^cpu {arm}/bare: \d+\.\d\dx  \(target <= 3", out, re.MULTILINE), out
+    assert " ms  (target" not in out, out
     assert "through the review form over HTTP" in out
 
     # What the bench did, as the database has it: every claimed approval has one command,
