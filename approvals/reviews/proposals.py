@@ -341,7 +341,7 @@ def prior_rejections_queryset(
     exclude: uuid.UUID | None = None,
 ) -> QuerySet[Any, dict[str, Any]]:
     """``prior_rejections``' rows as a queryset: what SQLite runs, and the twin
-    ``tests/approvals/test_hot_path.py`` holds the SQL equal to."""
+    ``tests/approvals/test_hot_path_sql.py`` holds the SQL equal to."""
     rejected = (
         Occurrence.objects.filter(tenant_id=tenant_id, run_id=run_id, status__in=statuses)
         .filter(

@@ -35,8 +35,8 @@ def request_money(contract: ToolContract, arguments: Any) -> tuple[int, str] | N
 def routing_versions(*, tenant_id: int, contract: ToolContract, arguments: Any) -> QuerySet[Any]:
     """The current rule versions that may route this request, the one that routes it first:
     a rule whose band holds the amount comes before a rule without a band, the narrower
-    band (the higher floor) first. ``routing_version``'s ORM twin
-    (``tests/approvals/test_routing_sql.py`` holds them equal)."""
+    band (the higher floor) first. ``routing_version``'s ORM twin: the SQL runs on both
+    databases, this is the reading ``tests/approvals/test_hot_path_sql.py`` holds it equal to."""
     match = Q(currency="")
     money = request_money(contract, arguments)
     if money is not None:
