@@ -87,6 +87,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         page=number,
         now=timezone.now(),
         narrowing=narrowing.query(),
+        routing=(query.routed_versions, query.fallback_versions),
     )
     if request.htmx and request.GET.get("rendered") == rendered:
         return HttpResponse(status=204)

@@ -253,6 +253,45 @@ def test_the_inbox_lists_what_is_routed_to_the_reader_first(
     assert rows[0] == (small[0], True) and (large, False) in rows
 
 
+def test_joining_a_group_ends_the_inbox_polls_204s(
+    runtime: Runtime,
+    tenant: Tenant,
+    admin_user: Any,
+    reviewer: Any,
+    second_reviewer: Any,
+    groups: dict[str, ReviewerGroup],
+    rules: dict[str, RoutingRuleVersion],
+) -> None:
+    """The poll's "nothing changed" stamp covers the rule versions routing to the reader:
+    a reviewer added to a group sees its requests move up and get their badge at the next
+    poll, not only when some request changes (or the minute turns)."""
+    from tests.approvals.test_views_html import parse, signed_in
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the count's statement reads the routing on PostgreSQL only")
+    large = runtime.propose(arguments=refund(90000), client_ref="large").json()["occurrence_id"]
+    client = signed_in(reviewer)  # in support: the large refund is finance-leads'
+    assert (large, False) in _inbox_rows(client)
+    poll = str(parse(client.get("/reviews/")).attr("inbox-list", "hx-get"))
+    htmx = {"HX-Request": "true"}
+    assert client.get(poll, headers=htmx).status_code == 204
+    reviewer_group_save(
+        tenant=tenant,
+        admin=admin_user,
+        name="finance-leads",
+        member_ids=[second_reviewer.pk, reviewer.pk],
+        group=groups["leads"],
+    )
+    answer = client.get(poll, headers=htmx)
+    assert answer.status_code == 200
+    rows = [
+        (str(tr.attrs["data-occurrence-id"]), "data-routed" in tr.attrs)
+        for tr in parse(answer).find_all("tr")
+        if "data-occurrence-id" in tr.attrs
+    ]
+    assert rows == [(large, True)]
+
+
 def _badged(rows: list[Occurrence]) -> list[tuple[Any, bool]]:
     """Each row and whether the read says it is routed to the reader."""
     return [(o.pk, o.routed_first) for o in rows]  # type: ignore[attr-defined]

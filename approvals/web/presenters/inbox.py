@@ -134,10 +134,13 @@ def inbox_stamp(
     page: int,
     now: datetime,
     narrowing: dict[str, str] | None = None,
+    routing: tuple[object, ...] = (),
 ) -> str:
     """The inbox list's stamp, from what ``approvals.web.selectors.inbox.inbox_total`` and
     ``approvals.web.selectors.inbox.inbox_last_event`` read, without the rows. The minute is part of
-    it because the rows' ages and an approval's expiry change with the clock."""
+    it because the rows' ages and an approval's expiry change with the clock; ``routing``
+    (the rule versions that route to the reader, read by the count's statement) because the
+    reader joining or leaving a group reorders the list and changes its badges."""
     minute = now.replace(second=0, microsecond=0)
     parts: list[object] = [
         tenant_ids,
@@ -151,6 +154,8 @@ def inbox_stamp(
     ]
     if narrowing:  # the requester, run and amount filters (the stamp without them unchanged)
         parts.append(sorted(narrowing.items()))
+    if any(routing):  # the stamp of a reader no rule routes to unchanged
+        parts.append(routing)
     return stamp(parts)
 
 
