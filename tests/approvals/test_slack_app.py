@@ -558,3 +558,59 @@ def test_a_failing_app_channel_is_shown_to_admins(
 
 
 __all__ = ["refund"]
+
+
+# --- a real worker ---------------------------------------------------------------------------
+
+from tests.approvals.test_callbacks import broker, sandbox_server, workers  # noqa: E402
+from tests.demo.sandbox_fixture import SandboxProcess  # noqa: E402
+from tests.reconciliation.worker_fixture import Broker, Workers, wait_until  # noqa: E402
+
+__all__ += ["broker", "sandbox_server", "workers"]
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a real worker shares PostgreSQL")
+def test_a_real_worker_posts_the_request_then_replies_in_its_thread(
+    runtime: Runtime,
+    groups: Groups,
+    slack_api: SlackApi,
+    reviewer: Any,
+    broker: Broker,
+    workers: Workers,
+    sandbox_server: SandboxProcess,
+) -> None:
+    # Slack refuses the first post (rate limited): the worker retries it with backoff, and
+    # the decision, made meanwhile, waits for its thread.
+    slack_api.answers = [(429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "1"})]
+    workers.start(
+        sandbox_server,
+        concurrency=2,
+        CALLBACK_ALLOW_HTTP=1,
+        CALLBACK_ALLOW_PRIVATE_HOSTS=1,
+        NOTIFY_RETRY_BACKOFF_SECONDS=0.5,
+        SLACK_API_URL=slack_api.url,
+        CONSOLE_BASE_URL="https://console.example",
+    )
+    occurrence_id = propose(runtime, 90000, "worker")
+    wait_until("the first post to be refused", lambda: NotificationAttempt.objects.exists())
+    reject(occurrence_id, reviewer)
+
+    wait_until(
+        "both Slack app messages to be delivered",
+        lambda: (
+            NotificationDelivery.objects.filter(channel="slack_app", state="delivered").count() == 2
+        ),
+        timeout=60,
+    )
+    request, outcome = slack_api.posts
+    parent = NotificationDelivery.objects.get(channel="slack_app", event__kind="requested")
+    assert "thread_ts" not in request and "Review requested" in request["text"]
+    assert parent.slack_ts and outcome["thread_ts"] == parent.slack_ts
+    assert outcome["channel"] == CHANNEL and "Decided: rejected" in outcome["text"]
+    codes = NotificationAttempt.objects.filter(delivery=parent).values_list(
+        "status_code", flat=True
+    )
+    assert sorted(c or 0 for c in codes) == [200, 429]
+    assert slack_api.refused == []
