@@ -614,3 +614,45 @@ def test_a_real_worker_posts_the_request_then_replies_in_its_thread(
     )
     assert sorted(c or 0 for c in codes) == [200, 429]
     assert slack_api.refused == []
+
+
+# --- the demo --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_demo_plays_slacks_web_api_under_debug_only_and_seeds_supports_app(
+    settings: Any, tmp_path: Any, second_reviewer: Any
+) -> None:
+    import io
+
+    from django.core.management import call_command
+    from django.test import Client
+
+    settings.EMAIL_FILE_PATH = str(tmp_path)
+    url = "/_demo/outbox/slack-api/chat.postMessage"
+    bearer = {"HTTP_AUTHORIZATION": "Bearer xoxb-demo-0000-not-a-real-token"}
+    message = json.dumps({"channel": "CDEMOSUPPORT", "text": "*Review requested*"})
+    settings.DEBUG = False
+    assert Client().post(url, message, "application/json", **bearer).status_code == 404
+
+    settings.DEBUG = True
+    first = Client().post(url, message, "application/json", **bearer).json()
+    assert first["ok"] is True and first["channel"] == "CDEMOSUPPORT" and first["ts"]
+    reply = json.dumps({"channel": "CDEMOSUPPORT", "text": "*Decided*", "thread_ts": first["ts"]})
+    assert Client().post(url, reply, "application/json", **bearer).json()["ok"] is True
+    refused = Client().post(url, message, "application/json").json()
+    assert refused == {"ok": False, "error": "not_authed"}
+    page = signed_in(second_reviewer).get("/_demo/outbox").content.decode()
+    assert f"reply in thread {first['ts']}" in page and "xoxb-" not in page
+
+    settings.CALLBACK_ALLOW_HTTP = settings.CALLBACK_ALLOW_PRIVATE_HOSTS = True
+    settings.SLACK_API_URL = "http://127.0.0.1:8000/_demo/outbox/slack-api"
+    call_command(
+        "seed_demo",
+        "--base-url",
+        "http://127.0.0.1:8000",
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    support = ReviewerGroup.objects.get(name="support")
+    assert support.slack_channel_id == "CDEMOSUPPORT" and support.slack_bot_token_encrypted
