@@ -630,16 +630,16 @@ def test_the_demo_plays_slacks_web_api_under_debug_only_and_seeds_supports_app(
 
     settings.EMAIL_FILE_PATH = str(tmp_path)
     url = "/_demo/outbox/slack-api/chat.postMessage"
-    bearer = {"HTTP_AUTHORIZATION": "Bearer xoxb-demo-0000-not-a-real-token"}
+    bearer = {"Authorization": "Bearer xoxb-demo-0000-not-a-real-token"}
     message = json.dumps({"channel": "CDEMOSUPPORT", "text": "*Review requested*"})
     settings.DEBUG = False
-    assert Client().post(url, message, "application/json", **bearer).status_code == 404
+    assert Client().post(url, message, "application/json", headers=bearer).status_code == 404
 
     settings.DEBUG = True
-    first = Client().post(url, message, "application/json", **bearer).json()
+    first = Client().post(url, message, "application/json", headers=bearer).json()
     assert first["ok"] is True and first["channel"] == "CDEMOSUPPORT" and first["ts"]
     reply = json.dumps({"channel": "CDEMOSUPPORT", "text": "*Decided*", "thread_ts": first["ts"]})
-    assert Client().post(url, reply, "application/json", **bearer).json()["ok"] is True
+    assert Client().post(url, reply, "application/json", headers=bearer).json()["ok"] is True
     refused = Client().post(url, message, "application/json").json()
     assert refused == {"ok": False, "error": "not_authed"}
     page = signed_in(second_reviewer).get("/_demo/outbox").content.decode()
