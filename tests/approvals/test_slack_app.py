@@ -419,6 +419,31 @@ def test_a_bad_token_or_channel_is_refused(
     assert not ReviewerGroup.objects.exists()
 
 
+@pytest.mark.django_db
+def test_a_rotated_secret_key_still_reads_the_token_and_reencrypting_moves_it(
+    tenant: Tenant, admin_user: Any, settings: Any
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    old_key = settings.SECRET_KEY
+    group = reviewer_group_save(
+        tenant=tenant,
+        admin=admin_user,
+        name="leads",
+        member_ids=[],
+        slack_bot_token=TOKEN,
+        slack_channel_id=CHANNEL,
+    ).group
+    settings.SECRET_KEY = "a-new-secret-key-for-the-rotation-test-0123456789abcdef"
+    settings.SECRET_KEY_FALLBACKS = [old_key]
+    call_command("reencrypt_secrets", stdout=StringIO())
+    settings.SECRET_KEY_FALLBACKS = []
+    group.refresh_from_db()
+    assert group_secret_decrypt(group.slack_bot_token_encrypted) == TOKEN
+
+
 # --- the admin page --------------------------------------------------------------------------
 
 
