@@ -4,7 +4,7 @@ from django.urls import path
 
 from approvals.web import tokens as account_views
 from approvals.web.bulk import bulk_review
-from approvals.web.demo_outbox import demo_outbox, demo_outbox_catch
+from approvals.web.demo_outbox import demo_outbox, demo_outbox_catch, demo_slack_api
 from approvals.web.home import manage, moved
 from approvals.web.inbox import inbox, switch_tenant
 from approvals.web.keys import key_created, key_deactivate, key_reactivate, keys, keys_create
@@ -91,6 +91,7 @@ urlpatterns = [
     # DEBUG only (bin/demo): the notifications sent, as a local catcher received them.
     path("_demo/outbox", demo_outbox, name="demo-outbox"),
     path("_demo/outbox/catch/<slug:channel>", demo_outbox_catch, name="demo-outbox-catch"),
+    path("_demo/outbox/slack-api/chat.postMessage", demo_slack_api, name="demo-slack-api"),
     # Their addresses before the move: bookmarks and forms rendered earlier keep working.
     *(
         path(f"operations/{section}/{rest}", moved, {"new": f"/manage/{section}/"})

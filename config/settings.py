@@ -384,6 +384,9 @@ NOTIFY_SWEEP_GRACE_SECONDS = env_float("NOTIFY_SWEEP_GRACE_SECONDS", 10.0, minim
 # An event with at most this many deliveries due at once is sent by its fan-out task
 # itself (one task a request instead of one more a delivery); 0 publishes each.
 NOTIFY_INLINE_DELIVERIES = env_int("NOTIFY_INLINE_DELIVERIES", 5, minimum=0)
+# A group's Slack app posts through Slack's Web API here (chat.postMessage); tests point it
+# at a local receiver. Its address follows the callbacks' rules (CALLBACK_ALLOW_PRIVATE_HOSTS).
+SLACK_API_URL = _env("SLACK_API_URL") or "https://slack.com/api"
 EMAIL_BACKEND = _env("EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = _env("EMAIL_HOST") or "localhost"
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

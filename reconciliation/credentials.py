@@ -24,6 +24,8 @@ STORED_SECRETS: tuple[tuple[type[models.Model], str, Purpose], ...] = (
     # A reviewer group's Slack webhook URL and generic webhook secret (approvals.routing).
     (ReviewerGroup, "slack_webhook_encrypted", Purpose.NOTIFICATION_SECRETS),
     (ReviewerGroup, "webhook_secret_encrypted", Purpose.NOTIFICATION_SECRETS),
+    # Its Slack app's bot token (approvals.notifications.slack_app).
+    (ReviewerGroup, "slack_bot_token_encrypted", Purpose.NOTIFICATION_SECRETS),
 )
 
 

@@ -18,6 +18,8 @@ from approvals.models.tenancy import Tenant
 class Channel(models.TextChoices):
     EMAIL = "email", "E-mail"
     SLACK = "slack", "Slack"
+    # A Slack app (Web API chat.postMessage): the decision is a reply in the request's thread.
+    SLACK_APP = "slack_app", "Slack app"
     WEBHOOK = "webhook", "Webhook"
     # In the console itself: the header's unread count.
     CONSOLE = "console", "In the console"
@@ -88,6 +90,10 @@ class NotificationDelivery(OutboxDelivery):
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="carried"
     )
     read_at = models.DateTimeField(null=True, blank=True)
+    # A Slack app's message as Slack recorded it (chat.postMessage's ``ts`` and ``channel``):
+    # the request's message is the thread its decision replies in.
+    slack_ts = models.CharField(max_length=32, blank=True)
+    slack_channel = models.CharField(max_length=32, blank=True)
 
     class Meta:
         indexes = [

@@ -13,7 +13,8 @@ from approvals.models.tenancy import Tenant
 
 class ReviewerGroup(models.Model):
     """People of one tenant asked together, and where the group hears of a request: a
-    Slack incoming webhook, a signed generic webhook (both optional, stored encrypted)."""
+    Slack incoming webhook, a Slack app (a bot token and a channel id: its messages are
+    threaded), a signed generic webhook (all optional; the secrets stored encrypted)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reviewer_groups")
     name = models.CharField(max_length=100)
@@ -22,6 +23,10 @@ class ReviewerGroup(models.Model):
     )
     # A Slack incoming-webhook URL is a secret (whoever holds it may post): encrypted.
     slack_webhook_encrypted = models.TextField(blank=True)
+    # A Slack app's bot token (xoxb-…) is a secret too: encrypted, never shown again. The
+    # channel its messages go to (an id such as C0123ABCD) is not.
+    slack_bot_token_encrypted = models.TextField(blank=True)
+    slack_channel_id = models.CharField(max_length=32, blank=True)
     webhook_url = models.URLField(max_length=2000, blank=True)
     webhook_secret_encrypted = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

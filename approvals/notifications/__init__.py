@@ -12,6 +12,8 @@ recipient:
 - **console**: the header's unread count;
 - **Slack**: the routed groups' incoming webhooks (the action's summary, amount,
   requester, the digest's first 12 characters, a link), and again when it is decided;
+  a group's Slack app (``slack_app``) says the same, the decision a reply in the
+  request's thread;
 - **webhook**: the routed groups' generic webhooks, signed with Standard Webhooks as
   callbacks are.
 

@@ -1,5 +1,6 @@
 """Sending one delivery on its channel: e-mail (Django's e-mail framework), Slack (an
-incoming webhook), a generic webhook (signed with Standard Webhooks, as callbacks are)."""
+incoming webhook, or a Slack app whose replies are threaded: ``slack_app``), a generic
+webhook (signed with Standard Webhooks, as callbacks are)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from django.core.mail import EmailMultiAlternatives
 from django.template.loader import render_to_string
 
 from approvals.models import Channel, NotificationDelivery
-from approvals.notifications import mailer
+from approvals.notifications import mailer, slack_app
 from approvals.notifications.content import headline
 from approvals.outbound import signing
 from approvals.outbound.client import outbound_client
@@ -123,6 +124,8 @@ def send(delivery: NotificationDelivery) -> Sent:
         return _email(delivery)
     if delivery.channel == Channel.SLACK:
         return _slack(delivery)
+    if delivery.channel == Channel.SLACK_APP:
+        return slack_app.post(delivery, slack_text(delivery.body))
     if delivery.channel == Channel.WEBHOOK:
         return _webhook(delivery)
     return Sent()  # the console's own: nothing to send

@@ -149,6 +149,8 @@ def _group_rows(
         channels = []
         if group.slack_webhook_encrypted:
             channels.append(Channel.SLACK)
+        if group.slack_bot_token_encrypted and group.slack_channel_id:
+            channels.append(Channel.SLACK_APP)
         if group.webhook_url and group.webhook_secret_encrypted:
             channels.append(Channel.WEBHOOK)
         rows += [

@@ -3,10 +3,12 @@ every one audited with who changed what."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.views.decorators.debug import sensitive_variables
 
 from approvals.access import encryption, tokens
 from approvals.access.tenancy import User, require_role, username_of
@@ -32,6 +34,34 @@ def group_secret_decrypt(stored: str) -> str:
     return encryption.secret_decrypt(stored, purpose=_PURPOSE) if stored else ""
 
 
+# A Slack app's bot token, and a channel's id (public channels C…, private G…, DMs D…).
+_BOT_TOKEN = re.compile(r"xoxb-[A-Za-z0-9-]{10,250}")
+_CHANNEL_ID = re.compile(r"[CGD][A-Z0-9]{6,30}")
+
+
+@sensitive_variables("token")
+def _slack_app(token: str | None, channel: str | None) -> tuple[str | None, str | None]:
+    """The posted bot token and channel id, checked (None: keep the stored one). Neither
+    the token nor any part of it is ever in the error."""
+    if token is not None and token != "" and not _BOT_TOKEN.fullmatch(token):
+        raise InputError(
+            "invalid_slack_token",
+            "A Slack bot token starts with xoxb- followed by letters, digits and dashes "
+            "(the app's OAuth & Permissions page, Bot User OAuth Token).",
+            "slack_bot_token",
+        )
+    if channel:
+        channel = channel.strip().upper()
+        if not _CHANNEL_ID.fullmatch(channel):
+            raise InputError(
+                "invalid_slack_channel",
+                "Give the Slack channel's id (such as C0123ABCD: the channel's details, at the "
+                "bottom), not its name.",
+                "slack_channel_id",
+            )
+    return token, channel
+
+
 def _name(value: str, what: str) -> str:
     value = (value or "").strip()
     if not value or len(value) > 100:
@@ -45,6 +75,7 @@ class GroupSaved:
     secret: str  # the generic webhook's signing secret: shown once, when minted
 
 
+@sensitive_variables("slack_bot_token", "bot_token")
 def reviewer_group_save(
     *,
     tenant: Tenant,
@@ -55,10 +86,14 @@ def reviewer_group_save(
     webhook_url: str | None = None,
     rotate_secret: bool = False,
     group: ReviewerGroup | None = None,
+    slack_bot_token: str | None = None,
+    slack_channel_id: str | None = None,
 ) -> GroupSaved:
-    """Create or change a reviewer group of ``tenant``. A URL left None keeps the stored
-    one, "" removes it. A new generic webhook (or ``rotate_secret``) mints a signing
-    secret, returned once. Members must be reviewers or admins of the tenant."""
+    """Create or change a reviewer group of ``tenant``. A URL, bot token or channel id
+    left None keeps the stored one, "" removes it (a Slack app needs both its token and
+    its channel: removing one removes the app). A new generic webhook (or
+    ``rotate_secret``) mints a signing secret, returned once. Members must be reviewers
+    or admins of the tenant."""
     require_role(admin, tenant.pk, Membership.Role.ADMIN)
     name = _name(name, "group")
     allowed = set(
@@ -73,6 +108,8 @@ def reviewer_group_save(
         )
     slack = url_check(slack_webhook_url, what="Slack webhook") if slack_webhook_url else None
     hook = url_check(webhook_url, what="webhook") if webhook_url else None
+    bot_token, channel_id = _slack_app(slack_bot_token, slack_channel_id)
+    _slack_app_complete(group, bot_token, channel_id)
     if group is not None and group.tenant_id != tenant.pk:
         raise InputError("not_found", "No such group in this tenant.", "group")
     same_name = ReviewerGroup.objects.filter(tenant=tenant, name=name)
@@ -91,6 +128,7 @@ def reviewer_group_save(
                 encryption.secret_encrypt(slack, purpose=_PURPOSE) if slack else ""
             )
             changed["slack"] = "set" if slack else "removed"
+        _slack_app_set(group, bot_token, channel_id, changed)
         if hook is not None or webhook_url == "":
             if hook and (not group.webhook_url or rotate_secret):
                 rotate_secret = True
@@ -112,6 +150,48 @@ def reviewer_group_save(
             data={"group": group.pk, **changed},
         )
     return GroupSaved(group, secret)
+
+
+def _slack_app_complete(
+    group: ReviewerGroup | None, token: str | None, channel: str | None
+) -> None:
+    """A Slack app set or changed has both its token and its channel (posted or kept)."""
+    if (token is None and channel is None) or token == "" or channel == "":
+        return
+    if not (token or (group is not None and group.slack_bot_token_encrypted)):
+        raise InputError(
+            "slack_token_required",
+            "A Slack app needs its bot token as well as its channel id.",
+            "slack_bot_token",
+        )
+    if not (channel or (group is not None and group.slack_channel_id)):
+        raise InputError(
+            "slack_channel_required",
+            "A Slack app needs the id of the channel it posts to.",
+            "slack_channel_id",
+        )
+
+
+@sensitive_variables("token")
+def _slack_app_set(
+    group: ReviewerGroup, token: str | None, channel: str | None, changed: dict[str, Any]
+) -> None:
+    """Store the group's Slack app (token encrypted), or remove it ("" for either); what
+    changed, for the audit, says "set", "replaced" or "removed" and the channel, never the
+    token."""
+    if token is None and channel is None:
+        return
+    if token == "" or channel == "":
+        if group.slack_bot_token_encrypted or group.slack_channel_id:
+            changed["slack_app"] = "removed"
+        group.slack_bot_token_encrypted, group.slack_channel_id = "", ""
+        return
+    if token:
+        changed["slack_app"] = "replaced" if group.slack_bot_token_encrypted else "set"
+        group.slack_bot_token_encrypted = encryption.secret_encrypt(token, purpose=_PURPOSE)
+    if channel and channel != group.slack_channel_id:
+        group.slack_channel_id = channel
+        changed["slack_channel_id"] = channel
 
 
 def _band(

@@ -5,20 +5,24 @@ a Slack workspace.
 ``bin/demo`` sends e-mail with Django's file backend into ``EMAIL_FILE_PATH``, and seeds
 the demo's reviewer groups with Slack and webhook URLs that point back at
 ``/_demo/outbox/catch/<channel>``, which appends what it receives to a file in the same
-directory. The page shows both, and every delivery's attempts from the database. With
-DEBUG off both answer 404: nothing here exists on a deployment."""
+directory. The demo's Slack app posts to ``/_demo/outbox/slack-api/chat.postMessage``
+(``SLACK_API_URL``), which answers as Slack's Web API does (``ok`` and a ``ts``), so its
+replies are threaded as they would be in Slack. The page shows all of it, and every
+delivery's attempts from the database. With DEBUG off all answer 404: nothing here exists
+on a deployment."""
 
 from __future__ import annotations
 
 import email
 import email.policy
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -101,7 +105,6 @@ def demo_outbox(request: HttpRequest) -> HttpResponse:
 @require_POST
 def demo_outbox_catch(request: HttpRequest, channel: str) -> HttpResponse:
     folder = _require_debug()
-    folder.mkdir(parents=True, exist_ok=True)
     body = request.body[:CATCH_LIMIT].decode("utf-8", errors="replace")
     try:
         parsed: Any = json.loads(body)
@@ -115,6 +118,43 @@ def demo_outbox_catch(request: HttpRequest, channel: str) -> HttpResponse:
         "text": parsed.get("text") if isinstance(parsed, dict) else None,
         "body": parsed,
     }
+    _keep(folder, entry)
+    return HttpResponse(status=204)
+
+
+def _keep(folder: Path, entry: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
     with (folder / CAUGHT).open("a", encoding="utf-8") as caught:
         caught.write(json.dumps(entry) + "\n")
-    return HttpResponse(status=204)
+
+
+@csrf_exempt  # plays Slack's Web API, which a browser never posts to
+@require_POST
+def demo_slack_api(request: HttpRequest) -> HttpResponse:
+    """``chat.postMessage`` as Slack answers it: ``ok`` with the message's ``ts`` (a bot
+    token wanted, never kept), so that the demo's Slack app threads its replies."""
+    folder = _require_debug()
+    if not request.headers.get("Authorization", "").startswith("Bearer xoxb-"):
+        return JsonResponse({"ok": False, "error": "not_authed"})
+    try:
+        payload = json.loads(request.body[:CATCH_LIMIT])
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict) or not payload.get("channel") or not payload.get("text"):
+        return JsonResponse({"ok": False, "error": "invalid_arguments"})
+    ts = f"{time.time():.6f}"
+    _keep(
+        folder,
+        {
+            "at": timezone.now().isoformat(),
+            "channel": "slack app",
+            "signed": False,
+            "text": str(payload["text"]),
+            "body": {
+                "channel": str(payload["channel"])[:32],
+                "ts": ts,
+                "thread_ts": str(payload.get("thread_ts") or "")[:32],
+            },
+        },
+    )
+    return JsonResponse({"ok": True, "channel": payload["channel"], "ts": ts})

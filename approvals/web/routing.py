@@ -25,6 +25,7 @@ from approvals.access.encryption import Purpose
 from approvals.canonical.money import currency_exponent
 from approvals.errors import InputError
 from approvals.models import (
+    Channel,
     Membership,
     NotificationDelivery,
     ReviewerGroup,
@@ -58,6 +59,9 @@ class GroupForm(forms.Form):
     members = forms.TypedMultipleChoiceField(coerce=int, required=False)
     slack_webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
     remove_slack = forms.BooleanField(required=False)
+    slack_bot_token = forms.CharField(required=False, max_length=300, strip=True)
+    slack_channel_id = forms.CharField(required=False, max_length=32, strip=True)
+    remove_slack_app = forms.BooleanField(required=False)
     webhook_url = forms.CharField(required=False, max_length=2000, strip=True)
     rotate_secret = forms.BooleanField(required=False)
     remove_webhook = forms.BooleanField(required=False)
@@ -118,6 +122,8 @@ class GroupFields:
     webhook_url: str = ""
     has_slack: bool = False  # set: the URL itself is never shown again
     has_webhook: bool = False
+    has_slack_app: bool = False  # a bot token is set: never shown again
+    slack_channel_id: str = ""  # the app's channel (not a secret)
 
     @classmethod
     def of(cls, group: ReviewerGroup) -> GroupFields:
@@ -128,11 +134,14 @@ class GroupFields:
             group.webhook_url,
             bool(group.slack_webhook_encrypted),
             bool(group.webhook_url),
+            bool(group.slack_bot_token_encrypted),
+            group.slack_channel_id,
         )
 
     @classmethod
     def posted(cls, data: QueryDict, group: ReviewerGroup | None) -> GroupFields:
-        """The posted values, shown again with the errors; the Slack URL is not."""
+        """The posted values, shown again with the errors; the Slack URL and the bot token
+        are not."""
         members = {int(m) for m in data.getlist("members") if str(m).isdigit()}
         return cls(
             group.pk if group else None,
@@ -141,6 +150,8 @@ class GroupFields:
             str(data.get("webhook_url", "")),
             bool(group and group.slack_webhook_encrypted),
             bool(group and group.webhook_url),
+            bool(group and group.slack_bot_token_encrypted),
+            str(data.get("slack_channel_id", ""))[:32],
         )
 
 
@@ -283,7 +294,12 @@ def _failing(tenant: Tenant) -> dict[int, list[tuple[str, int, str]]]:
             .values_list("last_error", flat=True)
             .first()
         )
-        found.setdefault(row["group_id"], []).append((row["channel"], row["n"], last or ""))
+        label = (
+            str(Channel(row["channel"]).label)
+            if row["channel"] in Channel.values
+            else row["channel"]
+        )
+        found.setdefault(row["group_id"], []).append((label, row["n"], last or ""))
     return found
 
 
@@ -370,8 +386,8 @@ def _back(tenant: Tenant) -> HttpResponse:
     return redirect(f"{reverse('approvals:routing')}?tenant={tenant.slug}")
 
 
-@sensitive_variables("saved")
-@sensitive_post_parameters("slack_webhook_url")
+@sensitive_variables("saved", "data", "app_token")
+@sensitive_post_parameters("slack_webhook_url", "slack_bot_token")
 @require_POST
 @console_login_required
 def routing_group_save(request: HttpRequest) -> HttpResponse:
@@ -390,6 +406,9 @@ def routing_group_save(request: HttpRequest) -> HttpResponse:
     webhook = data["webhook_url"] if data["webhook_url"] or group is None else None
     if group is not None and data["remove_webhook"]:
         webhook = ""
+    # Empty keeps the stored token and channel; the box removes the app.
+    app_token = "" if data["remove_slack_app"] else (data["slack_bot_token"] or None)
+    app_channel = "" if data["remove_slack_app"] else (data["slack_channel_id"] or None)
     try:
         saved = reviewer_group_save(
             tenant=tenant,
@@ -400,6 +419,8 @@ def routing_group_save(request: HttpRequest) -> HttpResponse:
             webhook_url=webhook,
             rotate_secret=data["rotate_secret"],
             group=group,
+            slack_bot_token=app_token,
+            slack_channel_id=app_channel,
         )
     except InputError as exc:
         fields = GroupFields.posted(request.POST, group)

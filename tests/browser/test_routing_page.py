@@ -61,3 +61,49 @@ def test_choosing_a_group_fills_the_form_and_a_new_secret_shows_once(
     expect(page.locator(".messages")).to_have_count(0)
     expect(page.locator("#webhook-secret")).to_have_count(0)
     expect(page.locator("tr[data-group='finance-leads']")).to_contain_text("ravi")
+
+
+def test_an_admin_gives_a_group_a_slack_app_and_its_token_is_never_shown(
+    contexts: Contexts, tenant: Tenant, admin_user: Any, second_reviewer: Any
+) -> None:
+    token = "xoxb-1111-2222-browserTOKEN0123"
+    reviewer_group_save(
+        tenant=tenant, admin=admin_user, name="finance-leads", member_ids=[second_reviewer.pk]
+    )
+    page: Page = contexts.new(bypass_csp=True).new_page()  # for axe's injected script
+    login(page, admin_user.username)
+    page.goto("/manage/routing/")
+    page.locator("#group-pick").select_option(label="finance-leads")
+    expect(page.locator("#group-name")).to_have_value("finance-leads")
+
+    # A channel name instead of its id: the form's error, the token not echoed back.
+    page.get_by_label("Bot token").fill(token)
+    page.get_by_label("Channel id").fill("#finance")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save group").click()
+    expect(page.locator(".field-error").first).to_contain_text("the Slack channel's id")
+    expect(page.get_by_label("Bot token")).to_have_value("")
+    assert token not in page.content()
+
+    page.get_by_label("Bot token").fill(token)
+    page.get_by_label("Channel id").fill("C0123ABCD")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save group").click()
+    expect(page.locator("tr[data-group='finance-leads']")).to_contain_text("Slack app · C0123ABCD")
+    group = ReviewerGroup.objects.get()
+    assert group_secret_decrypt(group.slack_bot_token_encrypted) == token
+    assert token not in page.content()
+    assert axe_violations(page) == []
+
+    # Chosen again: the channel fills the form, the token is only said to be set.
+    page.locator("#group-pick").select_option(label="finance-leads")
+    expect(page.get_by_label("Channel id")).to_have_value("C0123ABCD")
+    expect(page.locator("#group-slack-app")).to_contain_text("This group has one")
+    expect(page.get_by_label("Bot token")).to_have_value("")
+    assert token not in page.content()
+    page.get_by_label("Remove the Slack app").check()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save group").click()
+    expect(page.locator("tr[data-group='finance-leads']")).not_to_contain_text("Slack app")
+    group.refresh_from_db()
+    assert (group.slack_bot_token_encrypted, group.slack_channel_id) == ("", "")

@@ -154,6 +154,10 @@ DEMO_RULES: list[dict[str, Any]] = [
 ]
 
 
+# Not a secret: the demo's catcher takes any bot token and keeps none.
+DEMO_BOT_TOKEN = "xoxb-demo-0000-not-a-real-token"
+
+
 def _seed_routing(tenant: Tenant, base_url: str) -> None:
     """The demo's reviewer groups and routing rules, once (a rerun keeps them)."""
     admin = get_user_model().objects.get(username="admin")
@@ -169,6 +173,9 @@ def _seed_routing(tenant: Tenant, base_url: str) -> None:
         # (DEBUG, as bin/demo runs), else the group is told by e-mail alone.
         local = settings.CALLBACK_ALLOW_HTTP and settings.CALLBACK_ALLOW_PRIVATE_HOSTS
         told = name == "finance-leads" and local
+        # support's Slack app posts to the catcher that plays Slack's Web API (bin/demo
+        # points SLACK_API_URL at it): its decisions show as replies in their threads.
+        app = name == "support" and local and settings.SLACK_API_URL.startswith(base_url)
         groups[name] = reviewer_group_save(
             tenant=tenant,
             admin=admin,
@@ -176,6 +183,8 @@ def _seed_routing(tenant: Tenant, base_url: str) -> None:
             member_ids=[users[m] for m in members],
             slack_webhook_url=f"{catch}/slack" if told else None,
             webhook_url=f"{catch}/webhook" if told else None,
+            slack_bot_token=DEMO_BOT_TOKEN if app else None,
+            slack_channel_id="CDEMOSUPPORT" if app else None,
         ).group
     for rule in DEMO_RULES:
         if RoutingRule.objects.filter(tenant=tenant, name=rule["name"]).exists():
