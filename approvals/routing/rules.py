@@ -98,15 +98,16 @@ def routing_version(*, tenant_id: int, contract: ToolContract, arguments: Any) -
     )
 
 
-def audience(*, tenant_id: int, group_ids: list[int] | None) -> list[Any]:
+def audience(
+    *, tenant_id: int, group_ids: list[int] | None, role: str = Membership.Role.REVIEWER
+) -> list[Any]:
     """The active users told of a request personally, in one query: the members of
     ``group_ids`` (the groups a rule routed it to), or, when no rule routed it (None),
-    everyone who reviews in the tenant."""
+    everyone in the tenant with ``role`` (who reviews; the admins for an escalation with
+    no fallback group)."""
     users = get_user_model().objects.filter(is_active=True)
     if group_ids is None:
-        users = users.filter(
-            memberships__tenant_id=tenant_id, memberships__role=Membership.Role.REVIEWER
-        )
+        users = users.filter(memberships__tenant_id=tenant_id, memberships__role=role)
     else:
         # A subquery rather than a join, so that a member of two groups needs no DISTINCT.
         members = ReviewerGroup.members.through.objects.filter(reviewergroup_id__in=group_ids)
