@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from approvals.errors import ErrorCode, ServiceError
@@ -33,11 +34,11 @@ def tenant_create(*, slug: str, name: str = "") -> Tenant:
     return Tenant.objects.create(slug=slug, name=name or slug)
 
 
-_MEMBERS_SQL = """
+_MEMBERS_SQL = f"""
 SELECT DISTINCT u.username, u.email
-  FROM approvals_membership m
-  JOIN auth_user u ON u.id = m.user_id
- WHERE m.tenant_id = %s"""
+  FROM {Membership._meta.db_table} m
+  JOIN {get_user_model()._meta.db_table} u ON u.id = m.user_id
+ WHERE m.tenant_id = %s"""  # noqa: S608 (no input in the text)
 
 
 def tenant_members(tenant_id: int) -> list[tuple[str, str]]:

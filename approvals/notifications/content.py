@@ -9,10 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.urls import reverse
 
-from approvals.access.tenancy import tenant_members
-from approvals.canonical.confusables import is_hidden, look_alikes, member_named, plain_reveal
+from approvals.access.requester import requester_marks
 from approvals.canonical.money import currency_exponent
-from approvals.models import NotificationEvent, Occurrence, Proposal, Tenant
+from approvals.models import NotificationEvent, Occurrence, Proposal
 from approvals.routing.rules import request_money
 
 # Arguments shown in a message: the first few, each cut short.
@@ -41,46 +40,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
-def requester_marks(requested_by: str, tenant: Tenant) -> dict[str, Any]:
-    """The agent-supplied requester as the review page marks it, for the messages: hidden
-    characters shown as ``\\uXXXX``, and a note when it names no member of the tenant
-    (unverified) or names one written differently. ``look_alike`` when a reader could take
-    it for a console user's name it is not spelled as (look-alike letters, hidden
-    characters, or a TR39 confusable such as ``rn`` for ``m``). Reads the tenant's
-    members once, only when a requester is given."""
-    shown = plain_reveal(requested_by)
-    if not requested_by:
-        return {"shown": "", "member": "", "verified": False, "look_alike": False, "note": ""}
-    reasons = [reason for found in look_alikes(requested_by) for reason in found.reasons]
-    hidden = sum(1 for char in requested_by if is_hidden(char))
-    if hidden:
-        reasons.append(f"{hidden} invisible character{'s' if hidden > 1 else ''}")
-    match = member_named(requested_by, tenant_members(tenant.pk))
-    if match is None:
-        note = (
-            f"unverified: no member of {tenant.name} has this name or e-mail address; "
-            "the agent says so, nothing confirms it"
-        )
-        if reasons:
-            note += f" ({'; '.join(reasons)})"
-        return {"shown": shown, "member": "", "verified": False, "look_alike": False, "note": note}
-    username, email = match
-    plainly = requested_by.strip().casefold() in {username.casefold(), email.casefold()}
-    if plainly:
-        # The member's own name or address, at most in another case: as the review page.
-        note = "" if requested_by == username else f"member {username}"
-    else:
-        spelled = "; ".join(reasons) or "its letters only look like theirs"
-        note = f"looks like the console user {username} but is written differently: {spelled}"
-    return {
-        "shown": shown,
-        "member": username,
-        "verified": True,
-        "look_alike": not plainly,
-        "note": note,
-    }
-
-
 def message(
     event: NotificationEvent,
     occurrence: Occurrence | None = None,
@@ -98,7 +57,9 @@ def message(
     shown = [[name, _short(value)] for name, value in arguments.items() if name not in hidden][
         :SHOWN_ARGUMENTS
     ]
-    requester = requester_marks(occurrence.requested_by, occurrence.tenant)
+    requester = requester_marks(
+        occurrence.requested_by, occurrence.tenant_id, occurrence.tenant.name
+    )
     money = request_money(contract, arguments)
     amount = None
     if money is not None and contract.quorum_amount_argument not in hidden:

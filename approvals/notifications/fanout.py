@@ -14,6 +14,7 @@ from approvals.access.tenancy import username_of
 from approvals.canonical.confusables import same_person
 from approvals.models import (
     Channel,
+    Membership,
     NotificationDelivery,
     NotificationEvent,
     NotificationPreference,
@@ -72,8 +73,9 @@ def _audience(
     event: NotificationEvent, occurrence: Occurrence
 ) -> tuple[list[Any], list[ReviewerGroup]]:
     """The reviewers told personally (active users) and the groups whose channels are
-    told. The requester, when they name one of those reviewers as self-approval compares
-    them (``same_person``), is not told of their own request."""
+    told; an escalation with no fallback group tells the tenant's admins. The requester,
+    when they name one of those reviewers as self-approval compares them
+    (``same_person``), is not told of their own request."""
     version = occurrence.routed_by
     if event.kind == NotificationEvent.Kind.REQUESTED:
         if version is None:
@@ -82,7 +84,12 @@ def _audience(
         groups = list(version.groups.order_by("name"))
     elif event.kind == NotificationEvent.Kind.ESCALATED:
         fallback = version.fallback_group if version is not None else None
-        groups = [fallback] if fallback is not None else []
+        if fallback is None:
+            # Nothing may wait for ever unseen: with no fallback group (or no rule), the
+            # tenant's admins are told, each by console and e-mail as they chose.
+            users = audience(tenant_id=event.tenant_id, group_ids=None, role=Membership.Role.ADMIN)
+            return _not_the_requester(users, occurrence), []
+        groups = [fallback]
     else:  # decided: the groups' channels hear the outcome, nobody is mailed
         return [], list(version.groups.order_by("name")) if version is not None else []
     if not groups:

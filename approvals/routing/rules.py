@@ -7,13 +7,6 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db.models import (
     BigIntegerField,
-    Case,
-    F,
-    IntegerField,
-    Q,
-    QuerySet,
-    Value,
-    When,
 )
 from django.db.models.expressions import RawSQL
 
@@ -32,37 +25,11 @@ def request_money(contract: ToolContract, arguments: Any) -> tuple[int, str] | N
     return amount, currency
 
 
-def routing_versions(*, tenant_id: int, contract: ToolContract, arguments: Any) -> QuerySet[Any]:
-    """The current rule versions that may route this request, the one that routes it first:
-    a rule whose band holds the amount comes before a rule without a band, the narrower
-    band (the higher floor) first. ``routing_version``'s ORM twin: the SQL runs on both
-    databases, this is the reading ``tests/approvals/test_hot_path_sql.py`` holds it equal to."""
-    match = Q(currency="")
-    money = request_money(contract, arguments)
-    if money is not None:
-        amount, currency = money
-        match |= (
-            Q(currency=currency)
-            & (Q(amount_over_minor__isnull=True) | Q(amount_over_minor__lt=amount))
-            & (Q(amount_up_to_minor__isnull=True) | Q(amount_up_to_minor__gte=amount))
-        )
-    return (
-        RoutingRuleVersion.objects.filter(
-            tenant_id=tenant_id, tool_id=contract.pk, is_current=True, is_active=True
-        )
-        .filter(match)
-        .annotate(
-            unbanded=Case(
-                When(currency="", then=Value(1)), default=Value(0), output_field=IntegerField()
-            )
-        )
-        .order_by("unbanded", F("amount_over_minor").desc(nulls_last=True), "rule_id")
-    )
-
-
-# ``routing_versions``' first id, written as SQL: Django compiled the queryset's subquery
-# on every proposal, at 1.5 ms of CPU, five times the INSERT it sits in (issue 28). The
-# text runs on PostgreSQL and SQLite alike (both read NULLS LAST and a boolean column).
+# The rule version that routes a request, written as SQL: Django compiled a queryset's
+# subquery on every proposal, at 1.5 ms of CPU, five times the INSERT it sits in (issue 28).
+# The text runs on PostgreSQL and SQLite alike (both read NULLS LAST and a boolean column),
+# so it has no ORM twin: tests/approvals/test_hot_path_sql.py holds it to the rule written
+# as a queryset there, and runs the text on SQLite too.
 _ROUTING_SQL = """SELECT v.id FROM {table} v
  WHERE v.is_active AND v.is_current AND v.tenant_id = %s AND v.tool_id = %s
    AND (v.currency = ''{banded})
@@ -83,8 +50,11 @@ _ROUTING = {
 
 
 def routing_version(*, tenant_id: int, contract: ToolContract, arguments: Any) -> RawSQL:
-    """The current rule version that routes this request (``routing_versions``' first), as
-    a subquery for the proposal's INSERT (no query of its own); null when none matches."""
+    """The current rule version that routes this request, as a subquery for the proposal's
+    INSERT (no query of its own); null when none matches. Of the current, active versions
+    of the tenant's rules for the tool, a rule whose band (currency, above and/or up to an
+    amount) holds the request's money comes before a rule without a band, the narrower band
+    (the higher floor) first, then the rule's id."""
     money = request_money(contract, arguments)
     if money is None:
         return RawSQL(  # noqa: S611 (no input in the text)
@@ -98,15 +68,16 @@ def routing_version(*, tenant_id: int, contract: ToolContract, arguments: Any) -
     )
 
 
-def audience(*, tenant_id: int, group_ids: list[int] | None) -> list[Any]:
+def audience(
+    *, tenant_id: int, group_ids: list[int] | None, role: str = Membership.Role.REVIEWER
+) -> list[Any]:
     """The active users told of a request personally, in one query: the members of
     ``group_ids`` (the groups a rule routed it to), or, when no rule routed it (None),
-    everyone who reviews in the tenant."""
+    everyone in the tenant with ``role`` (who reviews; the admins for an escalation with
+    no fallback group)."""
     users = get_user_model().objects.filter(is_active=True)
     if group_ids is None:
-        users = users.filter(
-            memberships__tenant_id=tenant_id, memberships__role=Membership.Role.REVIEWER
-        )
+        users = users.filter(memberships__tenant_id=tenant_id, memberships__role=role)
     else:
         # A subquery rather than a join, so that a member of two groups needs no DISTINCT.
         members = ReviewerGroup.members.through.objects.filter(reviewergroup_id__in=group_ids)

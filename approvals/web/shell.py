@@ -72,14 +72,19 @@ def header_links(access: ConsoleAccess) -> dict[str, bool]:
     }
 
 
+def header(access: ConsoleAccess) -> dict[str, Any]:
+    """The header's links and the unread notifications' count (read with the roles: no
+    query of its own): every page's, the operations console's too."""
+    return {"unread_count": access.unread, **header_links(access)}
+
+
 def chrome(request: HttpRequest, access: ConsoleAccess) -> dict[str, Any]:
-    """What the header needs: the tenant switcher (it scopes the inbox), the links, and
-    the unread notifications' count (read with the roles: no query of its own)."""
+    """What the header needs: the tenant switcher (it scopes the inbox), the links and the
+    unread count (``header``)."""
     return {
         "tenants": access.tenants,
         "current_tenant": _scope(request, access),
-        "unread_count": access.unread,
-        **header_links(access),
+        **header(access),
     }
 
 

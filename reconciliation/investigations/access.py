@@ -4,8 +4,8 @@ fingerprint, an execution, a command, an occurrence; a raw token is refused unre
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from django.contrib.auth import get_user_model
 
@@ -20,7 +20,7 @@ User = get_user_model()
 @dataclass(frozen=True)
 class InvestigatorAccess:
     """The tenants where a user is an operator or an admin (and, for the header's Access
-    tokens link, a reviewer), read in one query."""
+    tokens link, a reviewer), from the memberships the page reads with the header."""
 
     operator_tenant_ids: frozenset[int]
     admin_tenant_ids: frozenset[int]
@@ -31,13 +31,12 @@ class InvestigatorAccess:
         return sorted(self.operator_tenant_ids | self.admin_tenant_ids)
 
 
-def investigator_access(user: Any) -> InvestigatorAccess:
-    if not user.is_authenticated:
-        return InvestigatorAccess(frozenset(), frozenset())
-    rows = Membership.objects.filter(user_id=user.pk).values_list("tenant_id", "role")
+def investigator_access(memberships: Iterable[Membership]) -> InvestigatorAccess:
+    """From the user's memberships (the page reads them with the header's unread count,
+    ``console_memberships``: one query for both)."""
     by_role: dict[str, set[int]] = {role: set() for role in Membership.Role.values}
-    for tenant_id, role in rows:
-        by_role[role].add(tenant_id)
+    for membership in memberships:
+        by_role[membership.role].add(membership.tenant_id)
     return InvestigatorAccess(
         frozenset(by_role[Membership.Role.OPERATOR]),
         frozenset(by_role[Membership.Role.ADMIN]),

@@ -18,7 +18,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from approvals.web.shell import console_login_required
+from approvals.web.selectors.access import ConsoleAccess, console_memberships
+from approvals.web.shell import console_login_required, header
 from reconciliation.investigations.access import QueryRead, investigator_access, query_read
 from reconciliation.investigations.gather import investigation_get
 from reconciliation.investigations.page import investigation_page
@@ -47,7 +48,8 @@ def _refused(request: HttpRequest, read: QueryRead) -> HttpResponse | None:
 @require_http_methods(["GET", "POST"])
 @console_login_required
 def investigation(request: HttpRequest) -> HttpResponse:
-    access = investigator_access(request.user)
+    memberships = console_memberships(request.user)
+    access = investigator_access(memberships)
     if not access.tenant_ids:
         raise PermissionDenied("Only operators and admins of a tenant can investigate.")
     if request.method == "POST":
@@ -60,12 +62,7 @@ def investigation(request: HttpRequest) -> HttpResponse:
     refused = _refused(request, read)
     if refused is not None:
         return refused
-    context = {
-        "is_operator": bool(access.operator_tenant_ids),
-        "is_admin_somewhere": bool(access.admin_tenant_ids),
-        "is_reviewer_somewhere": bool(access.reviewer_tenant_ids),
-        "q": read.q,
-    }
+    context = {**header(ConsoleAccess(memberships)), "q": read.q}
     if read.q:
         found = investigation_get(q=read.q, tenant_ids=access.tenant_ids)
         context["found"] = found.found

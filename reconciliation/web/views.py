@@ -27,7 +27,7 @@ from approvals.vocabulary import QUEUE_REASONS, QueueReason
 from approvals.web.jinja import render_rows
 from approvals.web.selectors.access import console_access
 from approvals.web.selectors.history import HistoryCursor
-from approvals.web.shell import console_login_required, header_links
+from approvals.web.shell import console_login_required, header
 from reconciliation import operator_actions as operations
 from reconciliation import takes
 from reconciliation.selectors.queue import Owner, queue_counts, queue_items
@@ -40,12 +40,13 @@ TEMPLATE_TIMELINE = "reconciliation/timeline.html"
 QUEUE_POLL_SECONDS = 5
 
 
-def _operator(request: HttpRequest) -> tuple[list[Tenant], dict[str, bool]]:
-    """The user's operator tenants and the header's links, from one read of the roles."""
+def _operator(request: HttpRequest) -> tuple[list[Tenant], dict[str, Any]]:
+    """The user's operator tenants and the header's links and unread count, from one read
+    of the roles."""
     access = console_access(request.user)
     if not access.operator_tenants:
         raise PermissionDenied("Only operators of a tenant can open the operations console.")
-    return access.operator_tenants, header_links(access)
+    return access.operator_tenants, header(access)
 
 
 @require_GET

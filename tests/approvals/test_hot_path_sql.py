@@ -1,15 +1,18 @@
 """Issue 28: the hot calls' reads written as SQL on PostgreSQL (the contract, the run's
-earlier rejections, the routing rule's subquery, the claim's proposer, the occurrence an
-API read shows) answer as their ORM twins, which SQLite runs: the same rows, in the same
-order, for the cases that tell them apart."""
+earlier rejections, the claim's proposer, the occurrence an API read shows) answer as their
+ORM twins, which SQLite runs: the same rows, in the same order, for the cases that tell
+them apart. The routing rule's subquery runs on both databases: it is run on both here and
+held to the rule written as a queryset (``routing_oracle``)."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 from django.forms.models import model_to_dict
 
 from approvals.access import tokens
@@ -28,7 +31,7 @@ from approvals.reviews.selectors import (
     tool_contract,
 )
 from approvals.routing.changes import reviewer_group_save, routing_rule_save
-from approvals.routing.rules import routing_version, routing_versions
+from approvals.routing.rules import request_money, routing_version
 from tests.conftest import REFUND_ARGS, Runtime, approve, make_runtime
 
 pytestmark = pytest.mark.skipif(
@@ -99,7 +102,59 @@ def test_the_prior_rejections_answer_as_their_orm_twin(
     assert prior_rejections(tenant=tenant, run_id="another run", action_digest=digest) == []
 
 
-def test_the_routing_subquery_picks_as_its_orm_twin(
+def routing_oracle(*, tenant_id: int, contract: ToolContract, arguments: Any) -> QuerySet[Any]:
+    """The routing rule as a queryset, the versions that may route the request in order:
+    ``routing_version``'s reference. Not in approvals/: the SQL runs on PostgreSQL and
+    SQLite alike, so nothing there runs this (unlike the other twins, SQLite's)."""
+    match = Q(currency="")
+    money = request_money(contract, arguments)
+    if money is not None:
+        amount, currency = money
+        match |= (
+            Q(currency=currency)
+            & (Q(amount_over_minor__isnull=True) | Q(amount_over_minor__lt=amount))
+            & (Q(amount_up_to_minor__isnull=True) | Q(amount_up_to_minor__gte=amount))
+        )
+    return (
+        RoutingRuleVersion.objects.filter(
+            tenant_id=tenant_id, tool_id=contract.pk, is_current=True, is_active=True
+        )
+        .filter(match)
+        .annotate(
+            unbanded=Case(
+                When(currency="", then=Value(1)), default=Value(0), output_field=IntegerField()
+            )
+        )
+        .order_by("unbanded", F("amount_over_minor").desc(nulls_last=True), "rule_id")
+    )
+
+
+_VERSION_COLUMNS = (
+    "id",
+    "is_active",
+    "is_current",
+    "tenant_id",
+    "tool_id",
+    "currency",
+    "amount_over_minor",
+    "amount_up_to_minor",
+    "rule_id",
+)
+
+
+def on_sqlite(raw: Any) -> int | None:
+    """``raw``'s text run by SQLite (what the demo runs) on a copy of the versions' rows."""
+    lite = sqlite3.connect(":memory:")
+    table = RoutingRuleVersion._meta.db_table
+    lite.execute(f"CREATE TABLE {table} ({', '.join(_VERSION_COLUMNS)})")
+    rows = RoutingRuleVersion.objects.values_list(*_VERSION_COLUMNS)
+    lite.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * 9)})", rows)
+    found = lite.execute(f"SELECT ({raw.sql.replace('%s', '?')})", raw.params).fetchone()[0]
+    lite.close()
+    return found if found is None else int(found)
+
+
+def test_the_routing_subquery_picks_as_the_rule_on_both_databases(
     tenant: Tenant, admin_user: Any, reviewer: Any
 ) -> None:
     group = reviewer_group_save(
@@ -107,18 +162,18 @@ def test_the_routing_subquery_picks_as_its_orm_twin(
     ).group
     contract = ToolContract.objects.get(name="issue_refund")
 
-    def picked(arguments: dict[str, Any]) -> tuple[int | None, int | None]:
+    def picked(arguments: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+        raw = routing_version(tenant_id=tenant.pk, contract=contract, arguments=arguments)
         with connection.cursor() as cursor:
-            raw = routing_version(tenant_id=tenant.pk, contract=contract, arguments=arguments)
             cursor.execute(f"SELECT ({raw.sql})", raw.params)
             chosen = cursor.fetchone()[0]
-        twin = routing_versions(tenant_id=tenant.pk, contract=contract, arguments=arguments)
-        return chosen, twin.values_list("pk", flat=True).first()
+        oracle = routing_oracle(tenant_id=tenant.pk, contract=contract, arguments=arguments)
+        return chosen, on_sqlite(raw), oracle.values_list("pk", flat=True).first()
 
     amounts = [0, 1000, 50000, 50001, 99999, 100000, 100001, 10**12]
     cases = [{**REFUND_ARGS, "amount_minor": a} for a in amounts]
     cases += [{**REFUND_ARGS, "currency": "USD", "amount_minor": 70000}, {"order_id": "x"}]
-    assert {picked(c) for c in cases} == {(None, None)}
+    assert {picked(c) for c in cases} == {(None, None, None)}
     bands = [("", None, None), ("EUR", 50000, None), ("EUR", None, 100000), ("EUR", 50000, 100000)]
     for i, (currency, over, up_to) in enumerate(bands):
         routing_rule_save(
@@ -132,8 +187,8 @@ def test_the_routing_subquery_picks_as_its_orm_twin(
             amount_up_to_minor=up_to,
         )
         for arguments in cases:
-            chosen, twin = picked(arguments)
-            assert chosen == twin, (bands[: i + 1], arguments)
+            chosen, lite, oracle = picked(arguments)
+            assert chosen == lite == oracle, (bands[: i + 1], arguments)
     assert RoutingRuleVersion.objects.filter(tenant=tenant).count() == len(bands)
 
 

@@ -216,3 +216,32 @@ def test_a_users_memberships_are_read_as_their_orm_twin(
     assert len(read) == 3
     assert access.tenant_reviewer_names(tenant.pk) == [reviewer.username]
     assert tenancy.tenant_members(tenant.pk) == [(reviewer.username, reviewer.email)]
+
+
+def test_the_tenant_members_sql_names_its_tables_from_the_models(
+    monkeypatch: pytest.MonkeyPatch, tenant: Tenant, other_tenant: Tenant, reviewer: Any
+) -> None:
+    import importlib
+
+    from django.contrib.auth import get_user_model
+
+    from approvals.access import tenancy
+    from approvals.models import Membership
+
+    # A reviewer in two roles is listed once; another tenant's member is not listed.
+    Membership.objects.create(user=reviewer, tenant=tenant, role=Membership.Role.ADMIN)
+    stranger = get_user_model().objects.create_user(username="gina", email="g@x.test")
+    Membership.objects.create(user=stranger, tenant=other_tenant, role="admin")
+    assert tenancy.tenant_members(tenant.pk) == [(reviewer.username, reviewer.email)]
+
+    # The SQL is written with the models' table names, not copies of them.
+    monkeypatch.setattr(Membership._meta, "db_table", "renamed_membership")
+    monkeypatch.setattr(get_user_model()._meta, "db_table", "renamed_user")
+    try:
+        importlib.reload(tenancy)
+        assert "FROM renamed_membership m" in tenancy._MEMBERS_SQL
+        assert "JOIN renamed_user u" in tenancy._MEMBERS_SQL
+    finally:
+        monkeypatch.undo()
+        importlib.reload(tenancy)
+    assert "approvals_membership" in tenancy._MEMBERS_SQL

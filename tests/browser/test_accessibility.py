@@ -178,6 +178,11 @@ def test_the_reviewer_pages_in_every_state(
     assert earlier is not None and "before=" in earlier
     walk.visit("review, long history, earlier events", earlier)
     expect(walk.wide.locator("#history-later")).to_be_visible()
+    # A requester that reads as the admin's name (a Cyrillic a, an invisible space): the
+    # look-alike warning inside "Requested by".
+    look_alike = propose(runtime, requested_by="\u0430da\u200b", client_ref="look-alike")
+    walk.visit("review, a look-alike requester", f"/reviews/{look_alike}/")
+    expect(walk.wide.locator("#requester-look-alike")).to_contain_text("console user ada")
     walk.visit("not found", "/reviews/no-such-page/", 404)
     walk.visit("not allowed", "/operations/", 403)
     reviewer_tokens.reviewer_token_issue(

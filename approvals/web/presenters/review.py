@@ -4,7 +4,6 @@ command and its effect, the quorum rule, and an edit's differences."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -14,8 +13,8 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from approvals.access.tenancy import tenant_members
-from approvals.canonical.confusables import is_hidden, member_named, same_person
+from approvals.access.requester import UNVERIFIED, requester_marks
+from approvals.canonical.confusables import is_hidden, same_person
 from approvals.canonical.form import pretty
 from approvals.models import (
     Approval,
@@ -413,25 +412,34 @@ def edit_initial(proposal: Proposal) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Requester:
-    """``requested_by`` as the agent gave it, and whether it names a member of the tenant."""
+    """``requested_by`` as the agent gave it, marked by the rule the notifications use
+    (``approvals.access.requester``): a reviewer reads the same warning here as in her
+    e-mail."""
 
-    html: SafeString  # as given, hidden characters shown
+    html: SafeString  # as given, hidden characters shown as \\uXXXX
     verified: bool  # names a member (username or email, after ``identity_key``)
-    member: str  # that member's username, when it is written differently
+    look_alike: bool  # could be taken for a console user's name it is not spelled as
+    note: str  # what the messages say about it (plain text; escaped where shown)
 
     @property
     def given(self) -> bool:
         return bool(self.html)
 
+    @property
+    def unverified_note(self) -> str:
+        """The unverified note without its label, which the page shows as a badge."""
+        return self.note.removeprefix(UNVERIFIED)
 
-def requester(requested_by: str, members: Iterable[tuple[str, str]]) -> Requester:
-    """``members`` are the tenant's (username, email) pairs."""
-    match = member_named(requested_by, members)
-    username = match[0] if match is not None else None
+
+def requester(requested_by: str, tenant_id: int, tenant_name: str) -> Requester:
+    """The review page's requester: one read of the tenant's members, only when a requester
+    is given."""
+    marks = requester_marks(requested_by, tenant_id, tenant_name)
     return Requester(
         html=reveal_html(requested_by),
-        verified=username is not None,
-        member=username if username is not None and username != requested_by else "",
+        verified=marks["verified"],
+        look_alike=marks["look_alike"],
+        note=marks["note"],
     )
 
 
@@ -450,9 +458,6 @@ def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, An
     action = reveal(pretty(proposal.canonical_action), look_alike)
     base = diff_base(proposals, proposal, since_digest)
     tool = occurrence.tool
-    members: list[tuple[str, str]] = []
-    if occurrence.requested_by:
-        members = tenant_members(occurrence.tenant_id)
     return {
         "tool": tool,
         "tenant": occurrence.tenant,
@@ -463,7 +468,9 @@ def review_page(panel: DecisionPanel, *, since_digest: str = "") -> dict[str, An
         "money": money_lines(arguments),
         "reason_html": reveal_html(occurrence.reason),
         "requested_by_html": reveal_html(occurrence.requested_by),
-        "requester": requester(occurrence.requested_by, members),
+        "requester": requester(
+            occurrence.requested_by, occurrence.tenant_id, occurrence.tenant.name
+        ),
         "run_id_html": reveal_html(occurrence.run_id),
         "diff_base": base,
         "diff_rows": diff_rows(base, proposal) if base else [],
