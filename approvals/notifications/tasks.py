@@ -3,6 +3,7 @@ to call (``fanout``, ``delivery``)."""
 
 from __future__ import annotations
 
+import secrets
 import uuid
 
 import structlog
@@ -24,32 +25,45 @@ from approvals.notifications.fanout import fan_out
 
 log = structlog.get_logger("approvals.notifications")
 
+DRAIN_TASK = "approvals.notifications.drain"
 
-@shared_task(name="approvals.notifications.drain", ignore_result=True)
+
+@shared_task(name=DRAIN_TASK, ignore_result=True)
 def notifications_drain() -> int:
     """The outbox's events, a batch at a time, each dispatched as ``notification_fan_out``
-    does, until none is left or ``NOTIFY_DRAIN_MAX_BATCHES`` were taken (then the next drain
-    is published). The marker is deleted first, before the first read: why no event is
-    missed is said in ``approvals.notifications.drain``."""
+    does, until none is left or ``NOTIFY_DRAIN_MAX_BATCHES`` batches' worth were tried
+    (then the next drain is published). The marker is deleted first, before the first
+    read: why no event is missed is said in ``approvals.notifications.drain``.
+
+    Drains run side by side (one per worker process while requests keep coming) and read
+    the same oldest events: each starts at a random place in its batch, and reads a fresh
+    batch at the first event it finds taken, so that two drains seldom try the same event
+    (each always read every event of one batch, half of them for nothing, when they started
+    at its beginning)."""
 
     drain_started()
-    count = 0
-    left: set[str] = set()  # tried and not fanned out here: not tried again by this drain
-    for _ in range(settings.NOTIFY_DRAIN_MAX_BATCHES):
-        batch = events_to_drain(settings.NOTIFY_DRAIN_BATCH, left)
+    delivered = tried = 0
+    failed: set[str] = set()  # not tried again by this drain: the sweep's
+    while tried < settings.NOTIFY_DRAIN_BATCH * settings.NOTIFY_DRAIN_MAX_BATCHES:
+        batch = events_to_drain(settings.NOTIFY_DRAIN_BATCH, failed)
         if not batch:
-            return count
-        for event_id in batch:
+            log.info("notification.drained", deliveries=delivered, events=tried)
+            return delivered
+        first = secrets.randbelow(len(batch))
+        for event_id in batch[first:] + batch[:first]:
+            tried += 1
             try:
                 done = _dispatch(event_id)
             except Exception:  # one event's failure must not hold up the others
                 log.exception("notification.fan_out_failed", event_id=event_id)
-                done = -1
-            if done <= 0:
-                left.add(event_id)  # another drain held it, or it failed (the sweep's)
-            count += max(done, 0)
+                failed.add(event_id)
+                continue
+            if done < 0:
+                break  # another drain is in this batch: a fresh one
+            delivered += done
+    log.info("notification.drained", deliveries=delivered, events=tried, more=True)
     drain_enqueue()
-    return count
+    return delivered
 
 
 @shared_task(name="approvals.notifications.fan_out", ignore_result=True)
