@@ -5,6 +5,7 @@
         .venv/bin/python bench/notify_bench.py [--requests 1000] [--members 1] [--concurrency 2]
     .venv/bin/python bench/notify_bench.py --tiny       # 20 requests: what tests/bench runs
     .venv/bin/python bench/notify_bench.py --profile    # and where a drained request's time goes
+    .venv/bin/python bench/notify_bench.py --drain-log  # and what each drain task did
 
 ``--requests`` pending refunds are proposed through the service
 (``approvals.reviews.proposals.occurrence_propose``) in a tenant whose routing rule sends
@@ -385,6 +386,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="the worker's processes")
     parser.add_argument("--tiny", action="store_true", help="20 requests (the smoke test)")
     parser.add_argument("--profile", action="store_true", help="profile the drain in-process")
+    parser.add_argument("--drain-log", action="store_true", help="print each drain task's log line")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per arm, at most")
     args = parser.parse_args()
     # A SIGTERM (a test's timeout) still stops the worker: the ``finally`` below runs.
@@ -404,7 +406,8 @@ def main() -> int:
     scene = Scene(args.members)
     mails = requests * args.members
     with smtp_server() as (inbox, port), tempfile.TemporaryDirectory() as workdir:
-        env = {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "LOG_LEVEL": os.environ.get("BENCH_WORKER_LOG_LEVEL", "WARNING")}
+        level = "INFO" if args.drain_log else "WARNING"
+        env = {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "LOG_LEVEL": level}
         os.environ.update(env)
         worker = Worker(Path(workdir), args.concurrency, env)
         try:
@@ -420,7 +423,7 @@ def main() -> int:
             bare_after = bare_arm(scene, mails, args.timeout)
         finally:
             worker.stop()
-        if os.environ.get("BENCH_SHOW_DRAINS"):
+        if args.drain_log:  # each drain task: deliveries sent, events tried
             print("\n".join(line for line in worker.output().splitlines() if "drained" in line))
         ran = len(
             re.findall(rf"Task {notification_tasks.DRAIN_TASK}\[\S+\] received", worker.output())
