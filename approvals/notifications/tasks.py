@@ -43,9 +43,10 @@ def notifications_drain() -> int:
 
     drain_started()
     delivered = tried = 0
+    most = settings.NOTIFY_DRAIN_BATCH * settings.NOTIFY_DRAIN_MAX_BATCHES
     failed: set[str] = set()  # not tried again by this drain: the sweep's
-    while tried < settings.NOTIFY_DRAIN_BATCH * settings.NOTIFY_DRAIN_MAX_BATCHES:
-        batch = events_to_drain(settings.NOTIFY_DRAIN_BATCH, failed)
+    while tried < most:
+        batch = events_to_drain(min(settings.NOTIFY_DRAIN_BATCH, most - tried), failed)
         if not batch:
             log.info("notification.drained", deliveries=delivered, events=tried)
             return delivered
