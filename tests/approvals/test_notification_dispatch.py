@@ -170,10 +170,12 @@ def test_the_fan_out_and_its_inline_sends_count_their_statements(
         "INSERT approvals_notificationdelivery",
         "UPDATE approvals_notificationevent",
         # Each delivery: its attempt's INSERT and its row's UPDATE as one statement (a
-        # data-modifying WITH: no BEGIN, no COMMIT); no lease, no re-read.
-        *["WITH approvals_notificationattempt"] * 3,
+        # data-modifying WITH: no BEGIN, no COMMIT; SQLite runs the ORM twin's two in one
+        # transaction); no lease, no re-read.
+        *RECORD[connection.vendor] * 3,
     ], statements
-    assert all("UPDATE" in s for s in statements[-3:])
+    if connection.vendor == "postgresql":  # the row's UPDATE rides in each WITH
+        assert all('UPDATE "approvals_notificationdelivery"' in s for s in statements[-3:])
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the SQL runs on PostgreSQL")
@@ -216,6 +218,12 @@ def test_an_attempts_record_in_one_statement_writes_what_its_orm_twin_writes(
         ("slack", "pending"),
         ("webhook", "delivered"),
     ]
+
+
+RECORD = {
+    "postgresql": ["WITH approvals_notificationattempt"],
+    "sqlite": ["INSERT approvals_notificationattempt", "UPDATE approvals_notificationdelivery"],
+}
 
 
 def _table(sql: str) -> str:
