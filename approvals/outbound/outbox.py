@@ -195,7 +195,10 @@ def _record_sql(row: OutboxDelivery, attempts: type[OutboxAttempt], record: _Rec
     rows = type(row)
     sql = _RECORD.format(
         attempts=connection.ops.quote_name(attempts._meta.db_table),
-        delivery=connection.ops.quote_name(attempts._meta.get_field("delivery").column),
+        # Every concrete attempt model has its ``delivery`` (the abstract one cannot).
+        delivery=connection.ops.quote_name(
+            attempts._meta.get_field("delivery").column  # type: ignore[misc]
+        ),
         rows=connection.ops.quote_name(rows._meta.db_table),
         pk=connection.ops.quote_name(rows._meta.pk.column),  # type: ignore[union-attr]
     )
