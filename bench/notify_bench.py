@@ -5,6 +5,7 @@
         .venv/bin/python bench/notify_bench.py [--requests 1000] [--members 1] [--concurrency 2]
     .venv/bin/python bench/notify_bench.py --tiny       # 20 requests: what tests/bench runs
     .venv/bin/python bench/notify_bench.py --profile    # and where a drained request's time goes
+    .venv/bin/python bench/notify_bench.py --drain-log  # and what each drain task did
 
 ``--requests`` pending refunds are proposed through the service
 (``approvals.reviews.proposals.occurrence_propose``) in a tenant whose routing rule sends
@@ -19,12 +20,16 @@ time of that row):
 - **bare** (the baseline): as many pending outbox rows as the drain sends, each marked sent
   by a bare task (``bench.notify_bench_tasks.mark_sent``: one ``UPDATE``), one message per
   row; measured before and after the drain, and their mean is the baseline;
-- **drain**: the outbox's own work, one ``approvals.notifications.fan_out`` message per
-  request (what the request's commit publishes), whose task writes the deliveries and,
-  for a small audience (at most ``NOTIFY_INLINE_DELIVERIES`` due, 5 by default), sends them
-  itself: each row written leased, each e-mail sent on the process's SMTP connection and
-  its attempt recorded (``approvals.outbound.outbox.attempt_leased``); a larger audience
-  publishes one ``approvals.notifications.deliver`` each.
+- **drain**: the outbox's own work. For each request, what its commit calls
+  (``approvals.notifications.tasks.fan_out_enqueue``): a debounced
+  ``approvals.notifications.drain``, published only when no drain is pending (a marker
+  set with ``cache.add`` in the broker's Redis, ``approvals.notifications.drain``), so
+  that a few drain messages carry many requests. A drain fans out the events a batch at a
+  time and, for a small audience (at most ``NOTIFY_INLINE_DELIVERIES`` due, 5 by
+  default), sends them itself: each row written leased, each e-mail sent on the process's
+  SMTP connection and its attempt recorded (``approvals.outbound.outbox.attempt_leased``);
+  a larger audience publishes one ``approvals.notifications.deliver`` each. The drain
+  messages published and the drain tasks the worker ran are printed.
 
 It prints events fanned out and e-mails sent per second, the ratio drain/bare (deliveries
 sent per second over rows marked per second; the issue's target is >= 0.5), and the
@@ -45,6 +50,7 @@ import contextlib
 import cProfile
 import os
 import pstats
+import re
 import signal
 import socket
 import subprocess
@@ -91,8 +97,9 @@ from approvals.models import (
     Tenant,
 )
 from approvals.notifications import outbox as notification_outbox
+from approvals.notifications import tasks as notification_tasks
 from approvals.notifications.delivery import event_dispatch
-from approvals.notifications.tasks import notification_fan_out
+from approvals.notifications.drain import drain_started
 from approvals.reviews import proposals
 from approvals.reviews.proposals import occurrence_propose
 from approvals.routing.changes import reviewer_group_save, routing_rule_save
@@ -261,8 +268,28 @@ def bare_arm(scene: Scene, rows: int, timeout: float) -> float:
     return rows / (last - start).total_seconds()
 
 
-def drain_arm(scene: Scene, inbox: Inbox, requests: int, timeout: float) -> tuple[float, float]:
-    """Events fanned out and e-mails sent per second, from the first fan-out published."""
+@contextlib.contextmanager
+def counting_publishes() -> Iterator[list[str]]:
+    """The names of the tasks this process publishes meanwhile."""
+    names: list[str] = []
+    original = broker.publish
+
+    def counted(task: Any, args: tuple[Any, ...], *, countdown: float | None = None) -> None:
+        names.append(task.name)
+        original(task, args, countdown=countdown)
+
+    broker.publish = counted  # type: ignore[assignment]
+    try:
+        yield names
+    finally:
+        broker.publish = original  # type: ignore[assignment]
+
+
+def drain_arm(
+    scene: Scene, inbox: Inbox, requests: int, timeout: float
+) -> tuple[float, float, int]:
+    """Events fanned out and e-mails sent per second, from the first publish of the
+    commits' path (debounced), and the drain messages that path published."""
     before = set(NotificationEvent.objects.filter(tenant=scene.tenant).values_list("pk", flat=True))
     with unpublished():
         for _ in range(requests):
@@ -278,15 +305,17 @@ def drain_arm(scene: Scene, inbox: Inbox, requests: int, timeout: float) -> tupl
         event_id__in=events, channel=Channel.EMAIL, state=Delivered
     )
     received = inbox.received
+    drain_started()  # a marker an earlier run left would hold the first publish back
     start = timezone.now()
-    for event_id in events:
-        broker.publish(notification_fan_out, (event_id,))
+    with counting_publishes() as names:
+        for event_id in events:
+            notification_tasks.fan_out_enqueue(event_id)  # what each commit calls
     wait_for("the outbox to drain", lambda: sent.count() == mails, timeout)
     last = sent.aggregate(last=Max("delivered_at"))["last"]
     seconds = (last - start).total_seconds()
     if inbox.received - received != mails:
         sys.exit(f"notify_bench: the server got {inbox.received - received} of {mails} e-mails")
-    return requests / seconds, mails / seconds
+    return requests / seconds, mails / seconds, names.count(notification_tasks.DRAIN_TASK)
 
 
 def creation_queries(scene: Scene) -> tuple[list[str], list[str]]:
@@ -357,6 +386,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="the worker's processes")
     parser.add_argument("--tiny", action="store_true", help="20 requests (the smoke test)")
     parser.add_argument("--profile", action="store_true", help="profile the drain in-process")
+    parser.add_argument("--drain-log", action="store_true", help="print each drain task's log line")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per arm, at most")
     args = parser.parse_args()
     # A SIGTERM (a test's timeout) still stops the worker: the ``finally`` below runs.
@@ -368,10 +398,16 @@ def main() -> int:
     server = prepare_database()
     queue = redis.Redis.from_url(BROKER_URL)
     queue.delete(QUEUE)  # what an earlier run left would be drained in this one's arms
+    # A drain takes every event not fanned out, whichever tenant's: those an earlier run
+    # left (its query count's) would be sent in this one's drain arm.
+    NotificationEvent.objects.filter(fanned_out_at__isnull=True).update(
+        fanned_out_at=timezone.now()
+    )
     scene = Scene(args.members)
     mails = requests * args.members
     with smtp_server() as (inbox, port), tempfile.TemporaryDirectory() as workdir:
-        env = {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "LOG_LEVEL": "WARNING"}
+        level = "INFO" if args.drain_log else "WARNING"
+        env = {"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "LOG_LEVEL": level}
         os.environ.update(env)
         worker = Worker(Path(workdir), args.concurrency, env)
         try:
@@ -383,10 +419,15 @@ def main() -> int:
                 f"to aiosmtpd on 127.0.0.1:{port}\n"
             )
             bare_before = bare_arm(scene, mails, args.timeout)
-            events_rate, mail_rate = drain_arm(scene, inbox, requests, args.timeout)
+            events_rate, mail_rate, drains = drain_arm(scene, inbox, requests, args.timeout)
             bare_after = bare_arm(scene, mails, args.timeout)
         finally:
             worker.stop()
+        if args.drain_log:  # each drain task: deliveries sent, events tried
+            print("\n".join(line for line in worker.output().splitlines() if "drained" in line))
+        ran = len(
+            re.findall(rf"Task {notification_tasks.DRAIN_TASK}\[\S+\] received", worker.output())
+        )
         if args.profile:
             profile_drain(scene, min(requests, 100))
     baseline = (bare_before + bare_after) / 2
@@ -396,6 +437,10 @@ def main() -> int:
     print(f"{'drain: events fanned out':<28} {requests:>6} {events_rate:>8.1f}")
     print(f"{'drain: e-mails sent':<28} {mails:>6} {mail_rate:>8.1f}")
     print(f"{'bare task, after':<28} {mails:>6} {bare_after:>8.1f}")
+    print(
+        f"drain messages: {drains} published by the {requests} commits, {ran} drain tasks "
+        f"run by the worker (a drain that reached its last batch publishes the next)"
+    )
     verdict = "reached" if ratio >= 0.5 else "below"
     print(
         f"\nratio drain/bare: {ratio:.3f}  (target >= 0.5: {verdict}; e-mails sent per "

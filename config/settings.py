@@ -387,6 +387,44 @@ NOTIFY_INLINE_DELIVERIES = env_int("NOTIFY_INLINE_DELIVERIES", 5, minimum=0)
 # A group's Slack app posts through Slack's Web API here (chat.postMessage); tests point it
 # at a local receiver. Its address follows the callbacks' rules (CALLBACK_ALLOW_PRIVATE_HOSTS).
 SLACK_API_URL = _env("SLACK_API_URL") or "https://slack.com/api"
+# The outbox is drained by one task for many events (approvals/notifications/drain.py): a
+# commit publishes a drain only while none is pending, which a marker in a cache every
+# process shares says (Django's cache.add). Redis: NOTIFY_DRAIN_REDIS_URL, or the broker's
+# when it is Redis. Without one ("none", or the demo's filesystem broker) the marker's cache
+# is Django's dummy one, whose add() always succeeds: every commit publishes a drain.
+_drain_redis = _env("NOTIFY_DRAIN_REDIS_URL")
+if _drain_redis is None:
+    _drain_redis = (
+        CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
+    )
+elif _drain_redis.lower() == "none":
+    _drain_redis = ""
+elif not _drain_redis.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(
+        f'NOTIFY_DRAIN_REDIS_URL={_drain_redis!r} is not a redis:// URL (or "none").'
+    )
+NOTIFY_DRAIN_CACHE = "notifications-drain"
+# A drain message lost after its marker was set: the marker expires after this, and the
+# sweep fans out what waited longer than NOTIFY_SWEEP_GRACE_SECONDS meanwhile.
+NOTIFY_DRAIN_MARKER_SECONDS = env_int("NOTIFY_DRAIN_MARKER_SECONDS", 30, minimum=1)
+# Events a drain reads at once, and at most how many batches one drain task takes before it
+# publishes the next drain (so that one task never runs for ever).
+NOTIFY_DRAIN_BATCH = env_int("NOTIFY_DRAIN_BATCH", 50, minimum=1)
+NOTIFY_DRAIN_MAX_BATCHES = env_int("NOTIFY_DRAIN_MAX_BATCHES", 10, minimum=1)
+CACHES: dict[str, dict[str, object]] = {
+    # Django's own default, said aloud: nothing else in the console caches through Django.
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    NOTIFY_DRAIN_CACHE: (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _drain_redis,
+            "KEY_PREFIX": f"console:notify:{CALLBACKS_QUEUE}",
+            "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        }
+        if _drain_redis
+        else {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
+    ),
+}
 EMAIL_BACKEND = _env("EMAIL_BACKEND") or "django.core.mail.backends.smtp.EmailBackend"
 EMAIL_HOST = _env("EMAIL_HOST") or "localhost"
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

@@ -46,6 +46,7 @@ class Dispatched(NamedTuple):
 
     sent: list[tuple[str, Attempt]]
     publish: list[str]
+    fanned: bool = True  # False: nothing done, the event was done already or held
 
 
 def event_dispatch(event_id: str) -> Dispatched:
@@ -56,7 +57,7 @@ def event_dispatch(event_id: str) -> Dispatched:
     publishes the retry with its backoff. A larger audience is left to a task each."""
     fanned = fan_out_rows(event_id, lease_up_to=settings.NOTIFY_INLINE_DELIVERIES)
     if not fanned.leased:
-        return Dispatched([], [str(row.pk) for row in fanned.due])
+        return Dispatched([], [str(row.pk) for row in fanned.due], fanned.found)
     sent = [
         (
             str(row.pk),

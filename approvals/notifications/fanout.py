@@ -176,10 +176,13 @@ def _group_rows(
 
 class Fanned(NamedTuple):
     """What a fan-out wrote: the deliveries due now (not held for a digest, not deferred
-    by quiet hours), and whether they were written leased, for the caller to send."""
+    by quiet hours), and whether they were written leased, for the caller to send;
+    ``found`` False when the event was not fanned out here (done already, or held by
+    another task)."""
 
     due: list[NotificationDelivery]
     leased: bool
+    found: bool = True
 
 
 def fan_out_rows(event_id: uuid.UUID | str, *, lease_up_to: int = 0) -> Fanned:
@@ -191,7 +194,7 @@ def fan_out_rows(event_id: uuid.UUID | str, *, lease_up_to: int = 0) -> Fanned:
     with transaction.atomic():
         event = _locked_event(event_id)
         if event is None:
-            return Fanned([], False)
+            return Fanned([], False, found=False)
         now = timezone.now()
         occurrence = event.occurrence
         users, groups = _audience(event, occurrence)

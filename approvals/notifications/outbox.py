@@ -1,6 +1,7 @@
 """The notification outbox: one ``NotificationEvent`` row, written in the transaction that
-created the request (or escalated or decided it); its fan-out is published after commit,
-and the sweep fans out what a lost publish left (``approvals.notifications.tasks``)."""
+created the request (or escalated or decided it). After commit a drain is published unless
+one is pending (``approvals.notifications.drain``): one task fans out many events; the sweep
+fans out what a lost publish left (``approvals.notifications.tasks``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from approvals.notifications.tasks import fan_out_enqueue
 def notification_event_create(
     *, tenant_id: int, occurrence_id: uuid.UUID | str, kind: str, outcome: str = ""
 ) -> uuid.UUID:
-    """Write the event (one INSERT) inside the caller's transaction; its fan-out runs
-    after commit."""
+    """Write the event (one INSERT) inside the caller's transaction; after commit a drain
+    is published, unless one is pending that will find this event."""
     event_id = uuid.uuid4()
     NotificationEvent.objects.create(
         id=event_id,

@@ -27,6 +27,7 @@ from approvals.notifications import mailer
 from approvals.notifications.delivery import deliveries_due, event_dispatch
 from approvals.notifications.fanout import fan_out_rows
 from approvals.notifications.tasks import notification_fan_out
+from approvals.outbound import outbox
 from approvals.outbound.outbox import LEASE, attempt_leased
 from tests.approvals import smtp_fixture
 from tests.approvals.smtp_fixture import Mailbox
@@ -168,9 +169,61 @@ def test_the_fan_out_and_its_inline_sends_count_their_statements(
         "SELECT approvals_notificationpreference",
         "INSERT approvals_notificationdelivery",
         "UPDATE approvals_notificationevent",
-        # Each delivery: its attempt and its row, one transaction; no lease, no re-read.
-        *["INSERT approvals_notificationattempt", "UPDATE approvals_notificationdelivery"] * 3,
+        # Each delivery: its attempt's INSERT and its row's UPDATE as one statement (a
+        # data-modifying WITH: no BEGIN, no COMMIT; SQLite runs the ORM twin's two in one
+        # transaction); no lease, no re-read.
+        *RECORD[connection.vendor] * 3,
     ], statements
+    if connection.vendor == "postgresql":  # the row's UPDATE rides in each WITH
+        assert all('UPDATE "approvals_notificationdelivery"' in s for s in statements[-3:])
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the SQL runs on PostgreSQL")
+def test_an_attempts_record_in_one_statement_writes_what_its_orm_twin_writes(
+    runtime: Runtime,
+    routed: Setup,
+    smtp: Mailbox,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def written(ref: str) -> list[tuple[Any, ...]]:
+        receiver.statuses = [500]  # Slack fails (a retry), the webhook and the e-mail go
+        event_dispatch(event_of(propose(runtime, 90000, ref)))
+        found = []
+        for row in NotificationDelivery.objects.filter(event__occurrence__client_ref=ref).exclude(
+            channel=Channel.CONSOLE
+        ):
+            (attempt,) = row.attempt_log.all()
+            found.append(
+                (
+                    row.channel,
+                    row.state,
+                    row.attempts,
+                    row.leased_until,
+                    row.last_error,
+                    row.delivered_at == attempt.finished_at if row.delivered_at else None,
+                    (row.next_attempt_at - attempt.finished_at).total_seconds(),
+                    (attempt.number, attempt.status_code, attempt.error),
+                    attempt.started_at <= attempt.finished_at,
+                )
+            )
+        return sorted(found, key=str)
+
+    by_sql = written("sql")
+    monkeypatch.setattr(outbox, "_record_sql", outbox._record_orm)
+    by_orm = written("orm")
+    assert by_sql == by_orm
+    assert [(c, st) for c, st, *_ in by_sql] == [
+        ("email", "delivered"),
+        ("slack", "pending"),
+        ("webhook", "delivered"),
+    ]
+
+
+RECORD = {
+    "postgresql": ["WITH approvals_notificationattempt"],
+    "sqlite": ["INSERT approvals_notificationattempt", "UPDATE approvals_notificationdelivery"],
+}
 
 
 def _table(sql: str) -> str:
