@@ -70,6 +70,22 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def env_redis_url(name: str, *, broker_url: str, without: str) -> str:
+    """A Redis URL for one use beside the broker: unset, the broker's when it is Redis;
+    "none", no Redis ("" — ``without`` says what the use does then, for the error)."""
+    value = _env(name)
+    if value is None:
+        return broker_url if broker_url.startswith(("redis://", "rediss://")) else ""
+    if value.lower() == "none":
+        return ""
+    if not value.startswith(_REDIS_SCHEMES):
+        raise ImproperlyConfigured(f'{name}={value!r} is not a redis:// URL (or "none" {without}).')
+    return value
+
+
 # Django compares the proxy's header against request.META, where it is spelled HTTP_X_...;
 # a header written as "X-Forwarded-Proto" would never match, and HTTPS would go unnoticed.
 _META_HEADER = re.compile(r"^HTTP_[A-Z0-9_]+$")

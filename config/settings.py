@@ -16,7 +16,6 @@ from pathlib import Path
 import dj_database_url
 import structlog
 from csp.constants import NONE, SELF
-from django.core.exceptions import ImproperlyConfigured
 
 # The environment's readers; DEVELOPMENT_SECRET_KEY and GENERATE_SECRET_KEY are read from
 # here by tests and the error messages.
@@ -30,6 +29,7 @@ from config.environment import (  # noqa: F401
     env_int,
     env_list,
     env_proxy_ssl_header,
+    env_redis_url,
     secret_key,
 )
 
@@ -392,17 +392,11 @@ SLACK_API_URL = _env("SLACK_API_URL") or "https://slack.com/api"
 # process shares says (Django's cache.add). Redis: NOTIFY_DRAIN_REDIS_URL, or the broker's
 # when it is Redis. Without one ("none", or the demo's filesystem broker) the marker's cache
 # is Django's dummy one, whose add() always succeeds: every commit publishes a drain.
-_drain_redis = _env("NOTIFY_DRAIN_REDIS_URL")
-if _drain_redis is None:
-    _drain_redis = (
-        CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
-    )
-elif _drain_redis.lower() == "none":
-    _drain_redis = ""
-elif not _drain_redis.startswith(("redis://", "rediss://", "unix://")):
-    raise ImproperlyConfigured(
-        f'NOTIFY_DRAIN_REDIS_URL={_drain_redis!r} is not a redis:// URL (or "none").'
-    )
+_drain_redis = env_redis_url(
+    "NOTIFY_DRAIN_REDIS_URL",
+    broker_url=CELERY_BROKER_URL,
+    without="for every commit to publish a drain",
+)
 NOTIFY_DRAIN_CACHE = "notifications-drain"
 # A drain message lost after its marker was set: the marker expires after this, and the
 # sweep fans out what waited longer than NOTIFY_SWEEP_GRACE_SECONDS meanwhile.
@@ -439,18 +433,9 @@ DEFAULT_FROM_EMAIL = _env("DEFAULT_FROM_EMAIL") or "Approval console <console@lo
 # The Redis the rate limit counts in (approvals/access/ratecounter.py): a request within
 # its limit then writes nothing to the database. Unset, the broker's when it is Redis;
 # "none" (or no Redis broker) counts in the database, as the demo on SQLite does.
-_rate_limit_redis = _env("API_RATE_LIMIT_REDIS_URL")
-if _rate_limit_redis is None:
-    _rate_limit_redis = (
-        CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
-    )
-elif _rate_limit_redis.lower() == "none":
-    _rate_limit_redis = ""
-elif not _rate_limit_redis.startswith(("redis://", "rediss://", "unix://")):
-    raise ImproperlyConfigured(
-        f"API_RATE_LIMIT_REDIS_URL={_rate_limit_redis!r} is not a redis:// URL "
-        '(or "none" to count in the database).'
-    )
+_rate_limit_redis = env_redis_url(
+    "API_RATE_LIMIT_REDIS_URL", broker_url=CELERY_BROKER_URL, without="to count in the database"
+)
 API_RATE_LIMIT_REDIS_URL = _rate_limit_redis
 API_RATE_LIMIT_REDIS_PREFIX = _env("API_RATE_LIMIT_REDIS_PREFIX") or "console:ratelimit"
 # Task modules beyond the apps' tasks.py (which autodiscovery finds).

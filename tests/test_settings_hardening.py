@@ -175,6 +175,29 @@ def test_a_proxy_ssl_header_in_the_wrong_form_is_an_error(value: str) -> None:
     assert "HTTP_X_FORWARDED_PROTO,https" in stderr, "the message shows the expected form"
 
 
+@pytest.mark.parametrize("name", ["API_RATE_LIMIT_REDIS_URL", "NOTIFY_DRAIN_REDIS_URL"])
+def test_a_redis_url_beside_the_broker_is_read_alike_for_each_use(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from config.environment import env_redis_url
+
+    def read(broker: str) -> str:
+        return env_redis_url(name, broker_url=broker, without="to do without")
+
+    monkeypatch.delenv(name, raising=False)
+    assert read("redis://broker:6379/1") == "redis://broker:6379/1"  # unset: the broker's
+    assert read("amqp://guest@rabbit//") == ""  # a broker that is not Redis: none
+    monkeypatch.setenv(name, "None")
+    assert read("redis://broker:6379/1") == ""
+    monkeypatch.setenv(name, "unix:///run/redis.sock")
+    assert read("amqp://guest@rabbit//") == "unix:///run/redis.sock"
+    monkeypatch.setenv(name, "http://cache:6379")
+    with pytest.raises(ImproperlyConfigured, match=f'{name}=.* "none" to do without'):
+        read("redis://broker:6379/1")
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [("1", True), ("true", True), ("On", True), ("0", False), ("no", False), ("", True)],
