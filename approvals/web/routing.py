@@ -34,6 +34,7 @@ from approvals.models import (
     Tenant,
     ToolContract,
 )
+from approvals.notifications import slack_app
 from approvals.routing.changes import (
     reviewer_group_save,
     routing_rule_remove,
@@ -273,10 +274,15 @@ def _failing(tenant: Tenant) -> dict[int, list[tuple[str, int, str]]]:
         NotificationDelivery.objects.filter(
             tenant=tenant, group__isnull=False, created_at__gte=since
         )
-        # Given up, or failed at its last attempt and waiting for the next.
+        # Given up, or failed at its last attempt and waiting for the next; a Slack app's
+        # reply waiting for its thread's first message to be posted is not a failure.
         .filter(
             Q(state=NotificationDelivery.State.FAILED)
-            | (Q(state=NotificationDelivery.State.PENDING) & ~Q(last_error=""))
+            | (
+                Q(state=NotificationDelivery.State.PENDING)
+                & ~Q(last_error="")
+                & ~Q(last_error=slack_app.WAITING)
+            )
         )
         .values("group_id", "channel")
         .annotate(n=Count("pk"), last=Max("created_at"))

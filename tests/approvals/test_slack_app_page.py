@@ -217,6 +217,25 @@ def test_a_failing_app_channel_is_shown_to_admins(
     assert "Slack app: 1 failing in the last day (Slack: not_in_channel)" in page
 
 
+@pytest.mark.django_db
+def test_a_reply_waiting_for_its_thread_is_not_a_failing_channel(
+    runtime: Runtime, groups: Groups, slack_api: SlackApi, admin_user: Any
+) -> None:
+    from approvals.models import Channel, NotificationDelivery
+    from approvals.notifications.slack_app import WAITING
+
+    propose(runtime, 90000, "waiting")
+    drain()
+    posted = NotificationDelivery.objects.filter(channel=Channel.SLACK_APP)
+    assert posted.exists()
+    # As a decision's reply is left while the request's message is still being retried.
+    posted.update(state=NotificationDelivery.State.PENDING, last_error=WAITING)
+    client = signed_in(admin_user)
+    assert "failing-channels" not in client.get("/manage/routing/").content.decode()
+    posted.update(last_error="Slack: ratelimited")  # a real failure still shows
+    assert "failing-channels" in client.get("/manage/routing/").content.decode()
+
+
 # --- the demo --------------------------------------------------------------------------------
 
 
