@@ -42,6 +42,9 @@ class NotificationEvent(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     # For a decision: what it was (approved, rejected, timed_out ...).
     outcome = models.CharField(max_length=32, blank=True)
+    # For a reviewer's decision: who made it (the console user's name), so that the
+    # group's channels say who approved or rejected; blank for a timeout.
+    decided_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     fanned_out_at = models.DateTimeField(null=True, blank=True)
 

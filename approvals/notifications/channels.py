@@ -80,6 +80,10 @@ def slack_text(body: dict[str, Any]) -> str:
         lines.append(f"_Requester: {esc(requester['note'])}_")
     if body.get("amount"):
         lines.append(f"Amount: {esc(body['amount'])}")
+    if body.get("decided_by"):  # absent from bodies written before it was recorded
+        lines.append(f"Decided by {esc(body['decided_by'])}")
+    if body.get("rejection_reason"):
+        lines.append(f"Reason for rejecting: {esc(body['rejection_reason'])}")
     lines.append(f"Digest: `{body.get('digest_prefix', '')}`")
     lines.append(f"<{body['link']}|Open the review page>")
     return "\n".join(lines)

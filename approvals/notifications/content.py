@@ -67,6 +67,12 @@ def message(
     return {
         "event": event.kind,
         "outcome": event.outcome,
+        # A decision's who and, for a rejection, why (the reviewer's words, as the agent
+        # gets them); empty otherwise.
+        "decided_by": event.decided_by,
+        "rejection_reason": _short(occurrence.rejection_reason)
+        if event.kind == NotificationEvent.Kind.DECIDED and occurrence.rejection_reason
+        else "",
         "occurrence_id": str(occurrence.pk),
         "tenant": occurrence.tenant.name,
         "tool": contract.name,

@@ -14,7 +14,12 @@ from approvals.notifications.tasks import fan_out_enqueue
 
 
 def notification_event_create(
-    *, tenant_id: int, occurrence_id: uuid.UUID | str, kind: str, outcome: str = ""
+    *,
+    tenant_id: int,
+    occurrence_id: uuid.UUID | str,
+    kind: str,
+    outcome: str = "",
+    decided_by: str = "",
 ) -> uuid.UUID:
     """Write the event (one INSERT) inside the caller's transaction; after commit a drain
     is published, unless one is pending that will find this event."""
@@ -25,6 +30,7 @@ def notification_event_create(
         occurrence_id=occurrence_id,
         kind=kind,
         outcome=outcome,
+        decided_by=decided_by,
     )
     transaction.on_commit(lambda: fan_out_enqueue(event_id))
     return event_id

@@ -171,6 +171,7 @@ def occurrence_approve(
             occurrence_id=occ.pk,
             kind=NotificationEvent.Kind.DECIDED,
             outcome=Occurrence.Status.APPROVED,
+            decided_by=username,
         )
     return ApproveOutcome(issued=True, votes=votes, needed=needed, approval=approval)
 
@@ -214,6 +215,7 @@ def occurrence_reject(
             occurrence_id=occ.pk,
             kind=NotificationEvent.Kind.DECIDED,
             outcome=Occurrence.Status.REJECTED,
+            decided_by=username_of(reviewer),
         )
     occ.refresh_from_db()
     return occ

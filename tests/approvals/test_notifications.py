@@ -242,7 +242,12 @@ def test_the_decision_is_told_to_the_routed_groups_slack(
     drain()
     first, second = slack_messages(receiver)
     assert "Review requested" in first and "Decided: rejected" in second
+    assert f"Decided by {reviewer.get_username()}" in second and "rejecting: No." in second
     assert len(smtp.messages) == 1  # nobody is mailed the outcome
+    # The generic webhook's data carries the same two facts (fields added, none changed).
+    decided = [json.loads(b)["data"] for _, b in webhook_deliveries(receiver)][-1]
+    assert decided["event"] == "decided" and decided["outcome"] == "rejected"
+    assert (decided["decided_by"], decided["rejection_reason"]) == (reviewer.get_username(), "No.")
 
 
 def test_preferences_none_digest_and_quiet_hours(

@@ -206,6 +206,27 @@ def test_the_decision_is_a_reply_in_the_request_messages_thread(
 
 
 @pytest.mark.django_db
+def test_the_decisions_reply_says_who_decided_and_why_in_slacks_escaping(
+    runtime: Runtime, groups: Groups, slack_api: SlackApi, reviewer: Any
+) -> None:
+    occurrence_id = propose(runtime, 90000, "who-and-why")
+    drain()
+    occurrence_reject(
+        occurrence=Occurrence.objects.get(pk=occurrence_id),
+        reviewer=reviewer,
+        reason="Ask <!channel> for a receipt & photos first",
+    )
+    drain()
+    _, outcome = slack_api.posts
+    lines = outcome["text"].splitlines()
+    assert f"Decided by {reviewer.get_username()}" in lines
+    # The reviewer's words cannot ping the channel or make a link: Slack's escaping.
+    assert "Reason for rejecting: Ask &lt;!channel&gt; for a receipt &amp; photos first" in lines
+    # The request's own message says neither (nobody had decided).
+    assert "Decided by" not in slack_api.posts[0]["text"]
+
+
+@pytest.mark.django_db
 def test_the_escalation_and_the_timeout_reply_in_the_same_thread(
     runtime: Runtime, groups: Groups, slack_api: SlackApi
 ) -> None:
